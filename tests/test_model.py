@@ -1,0 +1,402 @@
+"""model.py against transformers and sentence-transformers on the same weights, plus loading, saving and errors."""
+import hashlib
+import http.server
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import model as M
+from conftest import MINILM, ROOT, need, stsb_sentences
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
+def hf_tiny(kind: str, seed=0):
+    torch.manual_seed(seed)
+    if kind == "roberta":
+        cfg = transformers.RobertaConfig(**TINY, max_position_embeddings=40, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        m = transformers.RobertaForMaskedLM(cfg)
+    else:
+        cfg = transformers.BertConfig(**TINY, max_position_embeddings=40, pad_token_id=0, type_vocab_size=2)
+        m = transformers.BertForMaskedLM(cfg)
+    with torch.no_grad():  # transformers zero-inits biases and unit-inits LayerNorms: randomise all, so a swap shows
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return m.eval()
+
+
+def padded_batch(pad_id, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [13, 5, 9, 2]
+    ids = torch.full((4, 13), pad_id)
+    mask = torch.zeros(4, 13, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        row = torch.randint(3, 300, (n,), generator=g)
+        row[row == pad_id] = 5
+        ids[i, :n], mask[i, :n] = row, 1
+    return ids, mask
+
+
+def save_with_tokenizer(hf_model, d: Path):
+    """An HF checkpoint directory with a small byte-level BPE tokenizer beside it."""
+    hf_model.save_pretrained(d)
+    tok = M.train_tokenizer(["hello world, a small text for a small tokenizer."] * 20, 300)
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+@pytest.mark.parametrize("kind", ["roberta", "bert"])
+def test_parity_with_transformers(kind, tmp_path):
+    hf = hf_tiny(kind)
+    ours, _ = M.load_pretrained(str(save_with_tokenizer(hf, tmp_path)))
+    ids, mask = padded_batch(hf.config.pad_token_id)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        h = ours(ids, mask)
+        logits = ours.mlm_logits(h)
+    real = mask.bool()
+    assert (h - ref.hidden_states[-1])[real].abs().max() <= 1e-5
+    assert (logits - ref.logits)[real].abs().max() <= 1e-4
+    assert (h[~real] == 0).all()  # padding is never computed
+    with torch.no_grad():  # a batch without padding takes the plain path
+        full = ours(ids[:1], mask[:1])
+    torch.testing.assert_close(full, ref.hidden_states[-1][:1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["roberta", "bert"])
+def test_gradients_match_transformers(kind, tmp_path):
+    """Training runs the unpadded path backwards: every weight's gradient equals transformers' (dropout off)."""
+    hf = hf_tiny(kind)
+    ours, _ = M.load_pretrained(str(save_with_tokenizer(hf, tmp_path)))
+    for m in (hf, ours):
+        m.train()
+        for mod in m.modules():
+            if isinstance(mod, (torch.nn.Dropout, M.SelfAttention)):  # ours keeps attention dropout as a float p
+                mod.p = 0.0
+    ids, mask = padded_batch(hf.config.pad_token_id)
+    pick = mask.bool() & (torch.arange(ids.shape[1]) % 3 == 0)  # some "masked" positions for the MLM term
+    ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    loss_ref = M.mean_pool(ref.hidden_states[-1], mask).pow(2).sum() + ref.logits[pick].logsumexp(-1).sum()
+    h = ours(ids, mask)
+    loss = M.mean_pool(h, mask).pow(2).sum() + ours.mlm_logits(h[pick]).logsumexp(-1).sum()
+    loss_ref.backward(), loss.backward()
+    hf_grads = {n: p.grad for n, p in hf.named_parameters()}
+    for name, p in ours.named_parameters():
+        sources = M.hf_key_map(ours.config)[name]
+        g = torch.cat([hf_grads[s] for s in sources])
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["roberta", "bert"])
+def test_save_then_transformers_loads_identical(kind, tmp_path):
+    hf = hf_tiny(kind, seed=3)
+    ours, tok = M.load_pretrained(str(save_with_tokenizer(hf, tmp_path / "a")))
+    with torch.no_grad():  # move away from the source weights so the check is of our saving, not theirs
+        for p in ours.parameters():
+            p.mul_(1.5)
+    M.save_pretrained(ours, tok, tmp_path / "b")
+    ids, mask = padded_batch(hf.config.pad_token_id)
+    back = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "b").eval()
+    bare = transformers.AutoModel.from_pretrained(tmp_path / "b").eval()
+    with torch.no_grad():
+        h = ours(ids, mask)
+        ref = back(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        r = mask.bool()
+        torch.testing.assert_close(ref.hidden_states[-1][r], h[r], rtol=0, atol=1e-5)
+        torch.testing.assert_close(ref.logits[r], ours.mlm_logits(h)[r], rtol=0, atol=1e-4)
+        torch.testing.assert_close(bare(input_ids=ids, attention_mask=mask).last_hidden_state[r], h[r], rtol=0, atol=1e-5)
+    ours2, _ = M.load_pretrained(str(tmp_path / "b"))
+    for (n, a), b in zip(ours.state_dict().items(), ours2.state_dict().values()):
+        assert torch.equal(a, b), n
+
+
+def test_bare_encoder_gets_fresh_head(tmp_path, capsys):
+    hf = hf_tiny("roberta")
+    save_with_tokenizer(hf.roberta, tmp_path)  # RobertaModel: no lm_head.*, keys without the roberta. prefix
+    ours, _ = M.load_pretrained(str(tmp_path))
+    assert "no MLM head" in capsys.readouterr().err
+    ids, mask = padded_batch(1)
+    with torch.no_grad():
+        r = mask.bool()
+        torch.testing.assert_close(ours(ids, mask)[r], hf.roberta(input_ids=ids, attention_mask=mask).last_hidden_state[r],
+                                   rtol=0, atol=1e-5)
+
+
+def test_sharded_and_old_names(tmp_path):
+    hf = hf_tiny("bert")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    (tmp_path / "old").mkdir()
+    sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v.contiguous()
+          for k, v in hf.state_dict().items() if "decoder" not in k}
+    save_file(sd, str(tmp_path / "old" / "model.safetensors"))
+    (tmp_path / "old" / "config.json").write_text((tmp_path / "sharded" / "config.json").read_text())
+    ids, mask = padded_batch(0)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+    for d in ("sharded", "old"):
+        (tmp_path / d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
+        ours, _ = M.load_pretrained(str(tmp_path / d))
+        with torch.no_grad():
+            torch.testing.assert_close(ours.mlm_logits(ours(ids, mask))[mask.bool()], ref[mask.bool()], rtol=0, atol=1e-4)
+
+
+def test_minilm_matches_sentence_transformers():
+    need(MINILM)
+    st = pytest.importorskip("sentence_transformers")
+    sents = stsb_sentences()
+    assert len(sents) > 2500
+    ref = st.SentenceTransformer(str(MINILM), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
+    ours, tok = M.load_pretrained(str(MINILM))
+    sp = M.special_ids(tok)
+    order = sorted(range(len(sents)), key=lambda i: len(sents[i]))
+    emb = np.zeros_like(ref)
+    with torch.inference_mode():
+        for b in range(0, len(sents), 64):
+            idx = order[b:b + 64]
+            ids, mask = M.batch_encode(tok, [sents[i] for i in idx], 256, sp["pad"])
+            emb[idx] = ours.embed(ids, mask).numpy()
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.99999, cos.min()
+
+
+def test_tokenizer_files_agree_and_do_not_pad(tmp_path):
+    need(MINILM)
+    full = M.load_tokenizer(MINILM)  # tokenizer.json pads to 128 on disk; that must not leak
+    (tmp_path / "vocab.txt").write_bytes((MINILM / "vocab.txt").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    wp = M.load_tokenizer(tmp_path)
+    sents = stsb_sentences(300)
+    a, b = full.encode_batch(sents), wp.encode_batch(sents)
+    assert [e.ids for e in a] == [e.ids for e in b]
+    assert min(len(e.ids) for e in a) < 20 and a[0].ids[0] == 101 and a[0].ids[-1] == 102
+
+    bpe = M.train_tokenizer(sents * 3, 600)
+    bpe.model.save(str(tmp_path))  # vocab.json + merges.txt, as roberta-base ships
+    (tmp_path / "vocab.txt").unlink()
+    gpt2 = M.load_tokenizer(tmp_path)
+    texts = sents[:50] + ["a <mask> here", "  spaced   out  ", "naïve café"]
+    assert [e.ids for e in bpe.encode_batch(texts)] == [e.ids for e in gpt2.encode_batch(texts)]
+
+
+def test_batch_encode_truncates_keeping_the_end_token():
+    need(MINILM)
+    tok = M.load_tokenizer(MINILM)
+    ids, mask = M.batch_encode(tok, ["word " * 50, "short"], 16, 0)
+    assert ids.shape == (2, 16) and ids[0, -1] == 102 and ids[0, 0] == 101
+    assert mask[1].sum() == 3 and ids[1, 2] == 102 and (ids[1, 3:] == 0).all()
+
+
+def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(tmp_path):
+    texts = [" ".join(f"w{i % 97} x{(i * 7) % 13}" for i in range(j, j + 300)) for j in range(40)]
+    model, tok = M.from_scratch("tiny", texts, seed=0)
+    assert model.config.vocab_size == tok.get_vocab_size() <= 4096
+    sp = M.special_ids(tok)
+    assert (sp["cls"], sp["pad"], sp["sep"]) == (0, 1, 2)
+    M.save_pretrained(model, tok, tmp_path)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    sent = ["w1 x7 w2", "w3 <mask> w4 x1 x2"]
+    assert hf_tok(sent)["input_ids"] == [e.ids for e in tok.encode_batch(sent)]
+    assert hf_tok.mask_token_id == sp["mask"] and hf_tok.pad_token_id == 1
+    st = pytest.importorskip("sentence_transformers")
+    ref = st.SentenceTransformer(str(tmp_path), device="cpu").encode(sent, convert_to_tensor=True)
+    ids, mask = M.batch_encode(tok, sent, 512, sp["pad"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval().embed(ids, mask), ref, rtol=0, atol=1e-5)
+
+
+def test_scratch_cli(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat. " * 200)
+    M.main(["scratch", "--shape", "tiny", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "m")])
+    m, tok = M.load_pretrained(str(tmp_path / "m"))
+    assert m.config.num_hidden_layers == 2 and tok.token_to_id("<mask>") == 4
+
+
+def test_convert_bin(tmp_path, capsys):
+    hf = hf_tiny("roberta")
+    save_with_tokenizer(hf, tmp_path / "m")
+    sd = load_file(str(tmp_path / "m" / "model.safetensors"))
+    (tmp_path / "m" / "model.safetensors").unlink()
+    torch.save(sd, tmp_path / "m" / "pytorch_model.bin")  # what johngiorgi/declutr-small ships
+    with pytest.raises(M.ModelError, match="python model.py convert"):
+        M.load_pretrained(str(tmp_path / "m"))
+    M.main(["convert", str(tmp_path / "m")])
+    ours, _ = M.load_pretrained(str(tmp_path / "m"))
+    ids, mask = padded_batch(1)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        torch.testing.assert_close(ours(ids, mask)[mask.bool()], ref[mask.bool()], rtol=0, atol=1e-5)
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/declutr-pwned",))
+
+
+def test_convert_refuses_code_in_pickles(tmp_path, capsys):
+    save_with_tokenizer(hf_tiny("roberta"), tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}, protocol=2))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        M.main(["convert", str(tmp_path)])
+    assert e.value.code == 1 and "weights_only" in capsys.readouterr().err
+    assert not Path("/tmp/declutr-pwned").exists()
+
+
+# --- bad input: one line on stderr, non-zero exit ----------------------------------------------------------
+
+
+def bad(tmp_path, what):
+    d = tmp_path / "m"
+    if what == "missing-dir":
+        return str(tmp_path / "nope/"), "not a directory"
+    save_with_tokenizer(hf_tiny("roberta"), d)
+    f = d / "model.safetensors"
+    if what == "no-config":
+        (d / "config.json").unlink()
+        return str(d), "no config.json"
+    if what == "no-weights":
+        f.unlink()
+        return str(d), "no model.safetensors"
+    if what == "truncated":
+        f.write_bytes(f.read_bytes()[:-100])
+    elif what == "corrupt":
+        f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all" + bytes(100))
+    elif what == "shapes":
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, "intermediate_size": 48}))
+        return str(d), "has shape"
+    elif what == "model-type":
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, "model_type": "gpt2"}))
+        return str(d), "model_type 'gpt2' is not supported"
+    return str(d), "not a readable safetensors file"
+
+
+@pytest.mark.parametrize("what", ["missing-dir", "no-config", "no-weights", "truncated", "corrupt", "shapes", "model-type"])
+def test_bad_checkpoints_give_one_line(tmp_path, capsys, what):
+    path, expect = bad(tmp_path, what)
+    capsys.readouterr()  # forget what building the checkpoint printed
+    with pytest.raises(SystemExit) as e:
+        M.main(["info", path])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and expect in err and err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_offline_hub_id_is_one_line_from_a_real_process(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "model.py"), "info", "distilroberta-base"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert "HF_HUB_OFFLINE" in r.stderr and "local directory" in r.stderr
+
+
+# --- the hub, served from 127.0.0.1 ---------------------------------------------------------------------
+
+
+class Hub(http.server.BaseHTTPRequestHandler):
+    """resolve/<rev>/<file> like huggingface.co: HEAD gives size, sha256 and commit; LFS files redirect to a blob."""
+    files: dict = {}
+    lie = None  # "sha" or "short": serve bytes that do not match the headers
+
+    def log_message(self, *a):
+        pass
+
+    def _route(self, head):
+        parts = self.path.strip("/").split("/")
+        if parts[0] == "blobs":
+            data = next((v for v in self.files.values() if hashlib.sha256(v).hexdigest() == parts[1]), None)
+        elif len(parts) == 5 and parts[:3] == ["org", "tiny", "resolve"]:
+            data = self.files.get(parts[4])
+            if data is not None and parts[4].endswith(".safetensors"):
+                self.send_response(302)
+                self.send_header("Location", f"/blobs/{hashlib.sha256(data).hexdigest()}")
+                self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("X-Linked-Etag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("X-Repo-Commit", "c0ffee")
+                self.end_headers()
+                return
+        else:
+            data = None
+        if data is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = data
+        if self.lie == "sha":
+            body = bytes(len(data))
+        elif self.lie == "short":
+            body = data[: len(data) // 2]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", '"%s"' % hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+        self.send_header("X-Repo-Commit", "c0ffee")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self._route(True)
+
+    def do_GET(self):
+        self._route(False)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    d = save_with_tokenizer(hf_tiny("roberta"), tmp_path / "src")
+    Hub.files = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
+    Hub.lie = None
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.server_address[1]}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield d
+    srv.shutdown()
+
+
+def test_hub_download_then_offline_cache(hub, tmp_path, monkeypatch):
+    ours, _ = M.load_pretrained("org/tiny")
+    snap = tmp_path / "home" / "hub" / "models--org--tiny" / "snapshots" / "c0ffee"
+    assert (snap / "model.safetensors").read_bytes() == Hub.files["model.safetensors"]
+    assert (tmp_path / "home" / "hub" / "models--org--tiny" / "refs" / "main").read_text() == "c0ffee"
+    assert not list(snap.glob("*.incomplete"))
+    local, _ = M.load_pretrained(str(hub))
+    ids, mask = padded_batch(1)
+    with torch.no_grad():
+        assert torch.equal(ours(ids, mask), local(ids, mask))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    Hub.files = {}  # nothing served any more: the cache alone must do
+    M.load_pretrained("org/tiny")
+
+
+@pytest.mark.parametrize("lie", ["sha", "short"])
+def test_hub_bad_download_never_lands(hub, tmp_path, lie):
+    Hub.lie = lie
+    with pytest.raises(M.ModelError, match="sha256|git blob|bytes|download failed"):
+        M.hub_download("org/tiny")
+    cache = tmp_path / "home" / "hub"
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.name not in ("main",)]
+
+
+def test_hub_unreachable_and_missing(hub, monkeypatch):
+    with pytest.raises(M.ModelError, match="none of"):
+        M.load_pretrained("org/other")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    with pytest.raises(M.ModelError, match="cannot reach .*local directory"):
+        M.load_pretrained("org/tiny")
