@@ -15,13 +15,14 @@ so transformers' AutoModel / RobertaForMaskedLM and sentence-transformers load o
 import argparse
 import hashlib
 import http.client
+import inspect
 import json
 import os
 import re
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -422,17 +423,28 @@ def read_safetensors(d: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_pretrained(name: str, verbose: bool = True) -> tuple[Encoder, Tokenizer]:
-    """A local Hugging Face directory or a hub id -> (encoder in eval mode, tokenizer)."""
+def resolve(name: str, weights: bool = True) -> Path:
+    """A local directory as it is, or a hub id downloaded (config and tokenizer, plus weights if asked)."""
     d = Path(name).expanduser()
-    if not d.is_dir():
-        if d.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) or name.startswith("."):
-            raise ModelError(f"{name}: not a directory")
-        d = hub_download(name)
+    if d.is_dir():
+        return d
+    if d.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) or name.startswith("."):
+        raise ModelError(f"{name}: not a directory")
+    return hub_download(name, files=HUB_FILES if weights else HUB_FILES[:2])
+
+
+def load_config_and_tokenizer(name: str) -> tuple[ModelConfig, Tokenizer]:
+    """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
+    d = resolve(name, weights=False)
     if not (d / "config.json").exists():
         raise ModelError(f"{d}: no config.json")
-    config = ModelConfig.from_hf(_read_json(d / "config.json"), str(d / "config.json"))
-    tok = load_tokenizer(d)
+    return ModelConfig.from_hf(_read_json(d / "config.json"), str(d / "config.json")), load_tokenizer(d)
+
+
+def load_pretrained(name: str, verbose: bool = True) -> tuple[Encoder, Tokenizer]:
+    """A local Hugging Face directory or a hub id -> (encoder in eval mode, tokenizer)."""
+    d = resolve(name)
+    config, tok = load_config_and_tokenizer(str(d))
     model = Encoder(config)
     model.init_weights(torch.Generator().manual_seed(0))  # only a missing MLM head keeps these
     for note in load_state(model, read_safetensors(d), str(d)):
@@ -441,6 +453,23 @@ def load_pretrained(name: str, verbose: bool = True) -> tuple[Encoder, Tokenizer
     if tok.get_vocab_size() > config.vocab_size:
         raise ModelError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
     return model.eval(), tok
+
+
+def parse_config(cls, argv=None, doc: str = ""):
+    """A config dataclass from the command line: one flag per field, its comment as help, every default shown."""
+    notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
+    ap = argparse.ArgumentParser(description=doc)
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        kw = dict(default=default, help=(notes.get(f.name, "") + " (default: %(default)s)").strip())
+        if f.type is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, list):
+            kw.update(nargs="*", type=str)
+        else:
+            kw["type"] = type(default) if default is not None else str
+        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
+    return cls(**vars(ap.parse_args(argv)))
 
 
 def _write_atomic(path: Path, write):
@@ -517,6 +546,11 @@ def _git_sha1(path: Path) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+# What a checkpoint needs, each group satisfied by the first alternative the repo has.
+HUB_FILES = (("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "merges.txt")),
+             ("model.safetensors", "model.safetensors.index.json"))
+
+
 def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     root = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser() / "hub" / f"models--{repo.replace('/', '--')}"
@@ -572,8 +606,7 @@ def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:
             ref.write_text(snap.name)
         return True
 
-    for group in files or (("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "merges.txt")),
-                           ("model.safetensors", "model.safetensors.index.json")):
+    for group in files or HUB_FILES:
         for alt in group:  # the first alternative the repo has
             if all(fetch(f) for f in ((alt,) if isinstance(alt, str) else alt)):
                 if alt == "model.safetensors.index.json":
@@ -620,8 +653,7 @@ def main(argv=None):
         elif a.cmd == "convert":
             src = Path(a.model)
             if not src.is_dir():
-                src = hub_download(a.model, files=(("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "merges.txt")),
-                                                   ("pytorch_model.bin",)))
+                src = hub_download(a.model, files=HUB_FILES[:2] + (("pytorch_model.bin",),))
             out = Path(a.out or src)
             if out != src:
                 out.mkdir(parents=True, exist_ok=True)

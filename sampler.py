@@ -1,0 +1,349 @@
+"""
+sampler.py: DeCLUTR's data side. Documents in, batches of anchor and positive spans (plus MLM) out.
+
+Paper §3.1-3.2: from each document of n tokens, sample A anchor spans with lengths
+floor(p * (l_max - l_min) + l_min), p ~ Beta(4, 2) (long anchors, likely to represent the document),
+then P positives per anchor with q ~ Beta(2, 4) (shorter), each starting anywhere it overlaps, adjoins or
+lies inside its anchor. §3.3: the anchors also carry BERT-style MLM (15% of tokens; 80/10/10).
+
+The corpus is tokenised once with the model's own tokenizer into one flat token file plus document offsets
+(a numpy memmap, cached by the files' names, sizes and times and the tokenizer), so "length" always means
+the model's tokens and sampling never tokenises. Every batch is a pure function of (seed, epoch, rank, step).
+
+    python sampler.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/corpus/gutenberg
+    python sampler.py --model distilroberta-base --data docs/ notes.jsonl.gz --show 2
+"""
+import codecs
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import model as M
+
+
+@dataclass
+class SamplerConfig:
+    model: str = "distilroberta-base"  # whose tokenizer defines "length" (local dir or hub id)
+    data: list = field(default_factory=list)  # .txt / .jsonl files (optionally .gz) and directories of them
+    num_anchors: int = 2  # A
+    num_positives: int = 2  # P
+    min_span: int = 32  # l_min, in model tokens, special tokens excluded
+    max_span: int = 512  # l_max; lowered to fit the model's positions once <s> and </s> are added
+    docs_per_step: int = 16  # N, per rank
+    mlm_probability: float = 0.15
+    seed: int = 0
+    scale_short_docs: bool = False  # sample short documents with l_max scaled down instead of skipping them
+    cache_dir: str = ""  # default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
+    workers: int = 2  # DataLoader worker processes
+    show: int = 1  # (CLI) print the spans of this many documents of step 0
+
+
+class SamplerError(ValueError):
+    """Input that cannot be used; the message is one line meant for the user."""
+
+
+# -----------------------------------------------------------------------------------------------
+# Sampling: the method itself, as pure functions.
+
+
+def span_length(rng: np.random.Generator, a: float, b: float, min_len: int, max_len: int) -> int:
+    return int(rng.beta(a, b) * (max_len - min_len) + min_len)
+
+
+def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng):
+    """One ((a_start, a_end), [(p_start, p_end), ...]) per anchor; half-open token positions in the document."""
+    blocks = n_tokens // max_len
+    if blocks < 2 * num_anchors - 1 or min_len > max_len:
+        raise ValueError(f"{n_tokens} tokens cannot hold {num_anchors} anchors of up to {max_len} tokens")
+    # A distinct, non-neighbouring blocks of l_max tokens, uniformly: choose from blocks-(A-1), then spread.
+    picks = np.sort(rng.choice(blocks - (num_anchors - 1), size=num_anchors, replace=False)) + np.arange(num_anchors)
+    out = []
+    for b in picks:
+        la = span_length(rng, 4, 2, min_len, max_len)  # §3.2: anchors skew long, Beta(4, 2)
+        sa = int(b) * max_len + int(rng.integers(0, max_len - la + 1))
+        positives = []
+        for _ in range(num_positives):
+            lp = span_length(rng, 2, 4, min_len, max_len)  # positives skew short, Beta(2, 4)
+            lo, hi = max(0, sa - lp), min(sa + la, n_tokens - lp)  # adjacent at either end, overlapping, or inside
+            sp = int(rng.integers(lo, hi + 1))
+            positives.append((sp, sp + lp))
+        out.append(((sa, sa + la), positives))
+    return out
+
+
+def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
+    """BERT's MLM corruption: choose p of the eligible tokens; of those 80% <mask>, 10% random, 10% kept."""
+    chosen = eligible & (rng.random(ids.shape) < p)
+    labels = np.where(chosen, ids, -100)
+    r = rng.random(ids.shape)
+    inputs = np.where(chosen & (r < 0.8), mask_id, ids)
+    swap = chosen & (r >= 0.8) & (r < 0.9)
+    inputs[swap] = random_ids[rng.integers(0, len(random_ids), size=int(swap.sum()))]
+    return inputs, labels
+
+
+# -----------------------------------------------------------------------------------------------
+# The corpus: read every document once, tokenise, keep the ids on disk.
+
+
+def _count_replaced(err):
+    _count_replaced.n += err.end - err.start
+    return "\ufffd", err.end
+
+
+_count_replaced.n = 0
+codecs.register_error("declutr_count", _count_replaced)
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+
+
+def list_files(paths) -> list[Path]:
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SamplerError(f"{p}: no such file or directory")
+    if not files:
+        raise SamplerError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
+    return files
+
+
+def read_documents(files, stats):
+    """Yield each document's text; count what is skipped (empty, binary, malformed) and what was repaired."""
+    for f in files:
+        try:
+            raw = gzip.open(f).read() if f.name.endswith(".gz") else f.read_bytes()
+        except (OSError, EOFError) as e:
+            raise SamplerError(f"{f}: cannot read ({e})") from None
+        if b"\x00" in raw[:8192]:  # as git and grep decide it
+            stats["binary"] += 1
+            continue
+        before = _count_replaced.n
+        text = raw.decode("utf-8", errors="declutr_count").replace("\r\n", "\n").replace("\r", "\n")
+        if _count_replaced.n > before:
+            stats["files_repaired"] += 1
+            stats["bytes_replaced"] += _count_replaced.n - before
+        if ".jsonl" in f.name:
+            for line in text.split("\n"):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line).get("text")
+                except (json.JSONDecodeError, AttributeError):
+                    doc = None
+                if not isinstance(doc, str):
+                    stats["malformed"] += 1
+                elif not doc.strip():
+                    stats["empty"] += 1
+                else:
+                    yield doc
+        elif not text.strip():
+            stats["empty"] += 1
+        else:
+            yield text
+
+
+class Corpus:
+    """Token ids of every document, flat on disk: document i is tokens[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.offsets = np.load(directory / "offsets.npy")
+        self.lengths = np.diff(self.offsets)
+        self._tokens = None
+
+    @property
+    def tokens(self):  # opened lazily, so each DataLoader worker maps the file itself
+        if self._tokens is None:
+            self._tokens = np.memmap(self.dir / "tokens.bin", dtype=self.meta["dtype"], mode="r") \
+                if self.meta["tokens"] else np.zeros(0, dtype=self.meta["dtype"])
+        return self._tokens
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tokens": None}
+
+    def __len__(self):
+        return len(self.lengths)
+
+
+def prepare_corpus(paths, tok, cache_dir: str = "", quiet: bool = False) -> Corpus:
+    """Tokenise the documents under `paths` once (batched over every core) into a cached memmap."""
+    files = list_files(paths)
+    key = hashlib.sha256(tok.to_str().encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    root = Path(cache_dir or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr")
+    out = root / f"corpus-{key.hexdigest()[:20]}"
+    if (out / "meta.json").exists():
+        corpus = Corpus(out)
+        if not quiet:
+            print(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
+        return corpus
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp.mkdir(exist_ok=True)
+    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
+    stats = dict(files=len(files), documents=0, empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
+    offsets, t0, last = [0], time.time(), 0.0
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
+
+    def flush(texts, f):
+        for e in encode(texts, add_special_tokens=False):
+            ids = np.asarray(e.ids, dtype=dtype)
+            f.write(ids.tobytes())
+            offsets.append(offsets[-1] + len(ids))
+
+    try:
+        with open(tmp / "tokens.bin", "wb") as f:
+            batch, chars = [], 0
+            for text in read_documents(files, stats):
+                batch.append(text)
+                chars += len(text)
+                if chars >= 1 << 24:  # ~16M characters at a time: memory stays bounded, every core stays busy
+                    flush(batch, f)
+                    batch, chars = [], 0
+                    if not quiet and time.time() - last > 2:
+                        last = time.time()
+                        print(f"corpus: {len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
+                              f"{offsets[-1] / (last - t0):,.0f} tokens/s", file=sys.stderr, flush=True)
+            flush(batch, f)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    stats["documents"], stats["tokens"] = len(offsets) - 1, offsets[-1]
+    np.save(tmp / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
+               f"{stats['empty']} empty, {stats['binary']} binary, {stats['malformed']} malformed; "
+               f"{stats['bytes_replaced']} undecodable bytes replaced in {stats['files_repaired']} files")
+    meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files])
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    try:
+        os.replace(tmp, out)  # a cache directory appears whole, or not at all
+    except OSError:  # another process finished the same corpus first
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not quiet:
+        print(f"corpus: {summary} ({time.time() - t0:.1f}s, cached in {out})", file=sys.stderr)
+    return Corpus(out)
+
+
+# -----------------------------------------------------------------------------------------------
+# Batches: step -> anchors, positives, MLM, as a map-style dataset the DataLoader's workers index by step.
+
+
+class SpanBatches(torch.utils.data.Dataset):
+    def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1, quiet=False):
+        self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
+        self.sp = M.special_ids(tok)
+        self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.sp.values()))
+        self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
+        if self.max_span < cfg.max_span and not quiet:
+            print(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
+                  f"using {self.max_span}", file=sys.stderr)
+        A, lengths = cfg.num_anchors, corpus.lengths
+        self.need = 2 * A * self.max_span  # the original's requirement, n >= 2 * A * l_max
+        floor = 2 * A * cfg.min_span if cfg.scale_short_docs else self.need
+        self.docs = np.flatnonzero(lengths >= floor)
+        if len(self.docs) == 0:
+            raise SamplerError(f"no document has the {floor:,} tokens that {A} anchors need (2·A·l_max); the longest "
+                               f"has {int(lengths.max(initial=0)):,}. Lower --max-span or pass --scale-short-docs")
+        self.steps_per_epoch = len(self.docs) // world_size // cfg.docs_per_step
+        if self.steps_per_epoch == 0:
+            raise SamplerError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
+                               f"documents on each of {world_size} ranks")
+        if not quiet:
+            short = int((lengths < floor).sum())
+            print(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
+                  f"{self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
+        self._shard = (None, None)
+
+    def shard(self, epoch: int) -> np.ndarray:
+        """This rank's documents for the epoch: one shuffle shared by all ranks, dealt out round-robin."""
+        if self._shard[0] != epoch:
+            perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.docs))
+            self._shard = (epoch, self.docs[perm[self.rank::self.world]])
+        return self._shard[1]
+
+    def __getitem__(self, step: int) -> dict:
+        cfg, sp = self.cfg, self.sp
+        epoch, i = divmod(int(step), self.steps_per_epoch)
+        rng = np.random.default_rng([cfg.seed, epoch, self.rank, i])  # resumable: no state carried between steps
+        anchors, positives, a_doc, p_doc = [], [], [], []
+        for d in self.shard(epoch)[i * cfg.docs_per_step:(i + 1) * cfg.docs_per_step]:
+            start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
+            max_len = min(self.max_span, n // (2 * cfg.num_anchors))  # only short docs, when allowed, scale down
+            toks = self.corpus.tokens
+            for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_len),
+                                              max_len, rng):
+                anchors.append(toks[start + a0:start + a1])
+                positives += [toks[start + p0:start + p1] for p0, p1 in pos]
+                a_doc.append(d)
+                p_doc += [d] * len(pos)
+        a_ids, a_len = self._pad(anchors)
+        p_ids, p_len = self._pad(positives)
+        special = np.isin(a_ids, list(sp.values()))
+        mlm_inputs, mlm_labels = mask_tokens(a_ids, ~special, rng, sp["mask"], self.random_ids, cfg.mlm_probability)
+        t = torch.from_numpy
+        return dict(anchors=t(a_ids), anchor_mask=t(self._mask(a_len, a_ids)),
+                    anchor_lengths=t(a_len), positives=t(p_ids), positive_mask=t(self._mask(p_len, p_ids)),
+                    positive_lengths=t(p_len), mlm_inputs=t(mlm_inputs), mlm_labels=t(mlm_labels),
+                    anchor_doc=t(np.asarray(a_doc, dtype=np.int64)), positive_doc=t(np.asarray(p_doc, dtype=np.int64)),
+                    step=int(step))
+
+    def _pad(self, spans):
+        """<s> span </s>, padded to the longest in the batch (the model computes only the real tokens)."""
+        lengths = np.array([len(s) + 2 for s in spans], dtype=np.int64)
+        ids = np.full((len(spans), lengths.max()), self.sp["pad"], dtype=np.int64)
+        for row, s in zip(ids, spans):
+            row[0], row[1:len(s) + 1], row[len(s) + 1] = self.sp["cls"], s, self.sp["sep"]
+        return ids, lengths
+
+    @staticmethod
+    def _mask(lengths, ids):
+        return (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int64)
+
+
+def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
+    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k."""
+    return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
+                                       num_workers=workers, persistent_workers=False, pin_memory=torch.cuda.is_available(),
+                                       prefetch_factor=4 if workers else None)
+
+
+def main(argv=None):
+    cfg = M.parse_config(SamplerConfig, argv, __doc__.split("\n\n")[0])
+    try:
+        if not cfg.data:
+            raise SamplerError("no --data given: pass .txt/.jsonl files or directories")
+        config, tok = M.load_config_and_tokenizer(cfg.model)
+        corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir)
+        batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
+    except (SamplerError, M.ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    b = batches[0]
+    A, P = cfg.num_anchors, cfg.num_positives
+    print(f"step 0: {len(b['anchors'])} anchors of {b['anchor_lengths'].min()}-{b['anchor_lengths'].max()} tokens, "
+          f"{len(b['positives'])} positives of {b['positive_lengths'].min()}-{b['positive_lengths'].max()}, "
+          f"{int((b['mlm_labels'] != -100).sum())} MLM targets")
+    for k in range(min(cfg.show, len(b["anchors"]) // A) * A):
+        clip = lambda ids, n: tok.decode(ids[1:n - 1].tolist())[:160].replace("\n", " ")
+        print(f"\ndocument {int(b['anchor_doc'][k])}, anchor {k % A}: {clip(b['anchors'][k], b['anchor_lengths'][k])}")
+        for j in range(k * P, (k + 1) * P):
+            print(f"  positive: {clip(b['positives'][j], b['positive_lengths'][j])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""sampler.py against the method's own laws (closed-form Beta CDFs), naive checks, and bad input."""
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import model as M
+import sampler as S
+from conftest import ROOT, SHARED, need
+
+GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
+
+
+def beta42_cdf(x):  # Beta(4, 2): pdf 20 x^3 (1 - x), integrated by hand
+    return 5 * x**4 - 4 * x**5
+
+
+def beta24_cdf(x):  # Beta(2, 4) is Beta(4, 2) mirrored
+    return 1 - beta42_cdf(1 - x)
+
+
+def ks_discrete(lengths, cdf, lo=32, hi=512):
+    """Kolmogorov-Smirnov distance between floor(p*(hi-lo)+lo) samples and their exact law."""
+    ks = np.arange(lo, hi + 1)
+    emp = np.searchsorted(np.sort(lengths), ks, side="right") / len(lengths)
+    exact = cdf(np.clip((ks + 1 - lo) / (hi - lo), 0, 1))  # P(L <= k) = P(p < (k + 1 - lo) / (hi - lo))
+    return np.abs(emp - exact).max()
+
+
+def test_span_statistics_follow_the_paper():
+    rng = np.random.default_rng(0)
+    n, A, P, lo, hi = 4096, 2, 2, 32, 512
+    a_len, p_len, views = [], [], set()
+    for _ in range(10_000):
+        spans = S.sample_spans(n, A, P, lo, hi, rng)
+        assert len(spans) == A
+        blocks = []
+        for (a0, a1), pos in spans:
+            assert 0 <= a0 < a1 <= n and a0 // hi == (a1 - 1) // hi  # the anchor stays inside one l_max block
+            blocks.append(a0 // hi)
+            a_len.append(a1 - a0)
+            assert len(pos) == P
+            for p0, p1 in pos:
+                lp = p1 - p0
+                p_len.append(lp)
+                assert max(0, a0 - lp) <= p0 <= min(a1, n - lp) and p1 <= n  # the window of §3.2
+                if p1 == a0 or p0 == a1:
+                    views.add("adjacent")
+                elif a0 <= p0 and p1 <= a1:
+                    views.add("subsumed")
+                else:
+                    views.add("overlapping")
+        assert abs(blocks[0] - blocks[1]) >= 2  # distinct and not neighbours
+    a_len, p_len = np.array(a_len), np.array(p_len)
+    assert abs(a_len.mean() / (32 + 480 * 4 / 6) - 1) < 0.01
+    assert abs(p_len.mean() / (32 + 480 * 2 / 6) - 1) < 0.01
+    # KS critical value at alpha = 0.001 is 1.95 / sqrt(n) (conservative for a discrete law)
+    assert ks_discrete(a_len, beta42_cdf) < 1.95 / np.sqrt(len(a_len))
+    assert ks_discrete(p_len, beta24_cdf) < 1.95 / np.sqrt(len(p_len))
+    assert ks_discrete(p_len, beta42_cdf) > 0.3  # and the test can tell the two laws apart
+    assert views == {"adjacent", "subsumed", "overlapping"}
+
+
+def test_anchor_blocks_are_uniform_over_valid_placements():
+    """5 blocks, 2 anchors: exactly the 6 non-neighbouring pairs occur, each about 1/6 of the time."""
+    rng = np.random.default_rng(1)
+    counts = {}
+    for _ in range(6000):
+        b = tuple(sorted(a0 // 10 for (a0, _), _ in S.sample_spans(50, 2, 1, 2, 10, rng)))
+        counts[b] = counts.get(b, 0) + 1
+    assert set(counts) == {(0, 2), (0, 3), (0, 4), (1, 3), (1, 4), (2, 4)}
+    assert all(abs(c / 6000 - 1 / 6) < 0.02 for c in counts.values())
+
+
+def test_mlm_masking_rates():
+    rng = np.random.default_rng(2)
+    ids = rng.integers(10, 1000, size=(400, 300))
+    lengths = rng.integers(5, 301, size=400)
+    pad = np.arange(300)[None] >= lengths[:, None]
+    ids[pad] = 1
+    ids[:, 0] = 0
+    ids[np.arange(400), lengths - 1] = 2
+    eligible = ~np.isin(ids, [0, 1, 2])
+    random_ids = np.arange(5, 1000)
+    inputs, labels = S.mask_tokens(ids, eligible, rng, 4, random_ids)
+    chosen = labels != -100
+    assert not chosen[~eligible].any()
+    assert (labels[chosen] == ids[chosen]).all()
+    assert abs(chosen.sum() / eligible.sum() - 0.15) < 0.01
+    masked = (inputs == 4) & chosen
+    kept = (inputs == ids) & chosen
+    swapped = chosen & ~masked & ~kept
+    for part, p in ((masked, 0.8), (swapped, 0.1), (kept, 0.1)):
+        assert abs(part.sum() / chosen.sum() - p) < 0.02
+    assert (inputs[~chosen] == ids[~chosen]).all()
+    assert np.isin(inputs[swapped], random_ids).all()
+
+
+# --- corpus ------------------------------------------------------------------------------------------------
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+def text(n_words, seed):
+    r = np.random.default_rng(seed)
+    return " ".join(WORDS[i] for i in r.integers(0, len(WORDS), n_words))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return M.train_tokenizer([text(2000, s) for s in range(5)], 300)
+
+
+def small_cfg(**kw):
+    return S.SamplerConfig(**{**dict(min_span=4, max_span=32, docs_per_step=2, workers=0), **kw})
+
+
+def test_corpus_reads_every_layout_and_counts_the_bad(tmp_path, tok):
+    d = tmp_path / "docs"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text(text(300, 1))
+    (d / "crlf.txt").write_bytes(text(300, 2).replace(" ", "\r\n", 50).encode())
+    (d / "lf.txt").write_bytes(text(300, 2).replace(" ", "\n", 50).encode())
+    (d / "empty.txt").write_text("  \n")
+    (d / "bin.txt").write_bytes(b"\x7fELF\x00\x00\x01" + bytes(range(256)))
+    (d / "bad-utf8.txt").write_bytes(b"caf\xe9 and \xff\xfe more " + text(100, 3).encode())
+    (d / "sub" / "docs.jsonl").write_text("\n".join([json.dumps({"text": text(200, 4)}), "{not json", json.dumps({"x": 1}),
+                                                     json.dumps({"text": ""}), "", json.dumps({"text": text(200, 5)})]))
+    with gzip.open(d / "sub" / "z.txt.gz", "wt") as f:
+        f.write(text(300, 6))
+    (d / "notes.md").write_text("not a corpus file")
+    c = S.prepare_corpus([d], tok, str(tmp_path / "cache"), quiet=True)
+    m = c.meta
+    assert (m["files"], m["documents"], m["empty"], m["binary"], m["malformed"]) == (8, 7, 2, 1, 2)
+    assert (m["files_repaired"], m["bytes_replaced"]) == (1, 3)
+    by_text = [c.tokens[c.offsets[i]:c.offsets[i + 1]].tolist() for i in range(len(c))]
+    assert tok.encode(text(300, 2).replace(" ", "\n", 50), add_special_tokens=False).ids in by_text  # CRLF == LF
+    assert sum(len(x) for x in by_text) == m["tokens"] == len(c.tokens)
+    assert by_text[0] == tok.encode(text(300, 1), add_special_tokens=False).ids  # files in sorted order
+
+
+def test_corpus_cache_reused_and_rebuilt(tmp_path, tok, capsys):
+    (tmp_path / "a.txt").write_text(text(300, 1))
+    c1 = S.prepare_corpus([tmp_path / "a.txt"], tok, str(tmp_path / "cache"))
+    c2 = S.prepare_corpus([tmp_path / "a.txt"], tok, str(tmp_path / "cache"))
+    assert c1.dir == c2.dir and "reusing" in capsys.readouterr().err
+    (tmp_path / "a.txt").write_text(text(301, 1))
+    c3 = S.prepare_corpus([tmp_path / "a.txt"], tok, str(tmp_path / "cache"), quiet=True)
+    assert c3.dir != c1.dir and len(c3.tokens) > len(c1.tokens)
+    other = M.train_tokenizer([text(2000, 9)], 280)
+    assert S.prepare_corpus([tmp_path / "a.txt"], other, str(tmp_path / "cache"), quiet=True).dir != c3.dir
+    assert not list((tmp_path / "cache").glob("*.tmp*"))
+
+
+def make_batches(tmp_path, tok, n_docs=10, words=200, world=1, rank=0, **kw):
+    d = tmp_path / "docs"
+    d.mkdir(exist_ok=True)
+    for i in range(n_docs):
+        (d / f"{i:03d}.txt").write_text(text(words + 13 * i, i))
+    c = S.prepare_corpus([d], tok, str(tmp_path / "cache"), quiet=True)
+    return c, S.SpanBatches(c, tok, small_cfg(**kw), max_tokens=512, rank=rank, world_size=world, quiet=True)
+
+
+def test_batches_hold_the_documents_spans(tmp_path, tok):
+    c, sb = make_batches(tmp_path, tok)
+    b = sb[3]
+    A, P = 2, 2
+    assert b["anchors"].shape[0] == 2 * A and b["positives"].shape[0] == 2 * A * P
+    sp = M.special_ids(tok)
+    for k in range(len(b["anchors"])):
+        n = int(b["anchor_lengths"][k])
+        row = b["anchors"][k].tolist()
+        assert row[0] == sp["cls"] and row[n - 1] == sp["sep"] and set(row[n:]) <= {sp["pad"]}
+        assert b["anchor_mask"][k].sum() == n and 4 + 2 <= n <= 32 + 2
+        doc = c.tokens[c.offsets[b["anchor_doc"][k]]:c.offsets[b["anchor_doc"][k] + 1]].tolist()
+        inner = row[1:n - 1]
+        assert any(doc[s:s + len(inner)] == inner for s in range(len(doc)))  # a contiguous piece of its document
+        assert (b["positive_doc"][k * P:(k + 1) * P] == b["anchor_doc"][k]).all()
+        chosen = b["mlm_labels"][k] != -100
+        assert not chosen[[0, n - 1]].any() and not chosen[n:].any()
+        assert (b["mlm_labels"][k][chosen] == b["anchors"][k][chosen]).all()
+
+
+def test_spans_fit_the_models_positions(tmp_path, tok, capsys):
+    c, _ = make_batches(tmp_path, tok, n_docs=4, words=800)
+    sb = S.SpanBatches(c, tok, small_cfg(max_span=512, min_span=8), max_tokens=66)
+    assert "using 64" in capsys.readouterr().err
+    assert max(int(sb[s]["anchor_lengths"].max()) for s in range(sb.steps_per_epoch)) <= 66
+
+
+def test_shards_disjoint_covering_and_seeded(tmp_path, tok):
+    ranks = [make_batches(tmp_path, tok, n_docs=11, world=3, rank=r)[1] for r in range(3)]
+    for epoch in (0, 1):
+        shards = [set(r.shard(epoch).tolist()) for r in ranks]
+        assert sum(map(len, shards)) == 11 and set().union(*shards) == set(range(11))
+    assert ranks[0].shard(0).tolist() != ranks[0].shard(1).tolist()  # reshuffled each epoch
+    seen = [set(ranks[r][s]["anchor_doc"].tolist()) for r in range(3) for s in range(ranks[r].steps_per_epoch)]
+    assert all(a.isdisjoint(b) for i, a in enumerate(seen) for b in seen[i + 1:])  # no document twice in an epoch
+    _, again = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1)
+    _, other_seed = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1, seed=1)
+    for step in range(4):
+        assert all(np.array_equal(again[step][k], ranks[1][step][k]) for k in ("anchors", "positives", "mlm_inputs"))
+    assert not np.array_equal(other_seed[0]["anchors"], again[0]["anchors"])
+
+
+def test_resuming_at_step_k_gives_the_uninterrupted_batches(tmp_path, tok):
+    _, sb = make_batches(tmp_path, tok)
+    full = list(S.make_loader(sb, 0, 12, workers=2))  # crosses two epoch boundaries (5 steps per epoch)
+    resumed = list(S.make_loader(sb, 7, 12, workers=2))
+    assert [b["step"] for b in resumed] == list(range(7, 12))
+    for a, b in zip(full[7:], resumed):
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
+
+
+def test_short_documents_skipped_or_scaled(tmp_path, tok, capsys):
+    for i in range(6):
+        (tmp_path / f"{i}.txt").write_text(text(20 + i, i))  # ~20-25 tokens: below 2*A*l_max = 128
+    c = S.prepare_corpus([tmp_path], tok, str(tmp_path / "cache"), quiet=True)
+    assert c.lengths.max() < 128
+    cfg = small_cfg(docs_per_step=1)
+    with pytest.raises(S.SamplerError, match=r"no document has the 128 tokens .* the longest has \d+"):
+        S.SpanBatches(c, tok, cfg, 512, quiet=True)
+    scaled = S.SpanBatches(c, tok, small_cfg(docs_per_step=1, scale_short_docs=True, min_span=2), 512)
+    assert "qualify" in capsys.readouterr().err
+    b = scaled[0]
+    n = int(c.lengths[b["anchor_doc"][0]])
+    assert b["anchor_lengths"].max() - 2 <= n // 4
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    need(M.Path(SHARED / "models" / "all-MiniLM-L6-v2"))
+    (tmp_path / "short.txt").write_text("too short to sample from")
+    (tmp_path / "empty.txt").write_text("")
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model",
+                                     str(SHARED / "models" / "all-MiniLM-L6-v2"), "--cache-dir", str(tmp_path / "c"), *a],
+                                    capture_output=True, text=True, timeout=120)
+    r = run("--data", str(tmp_path))
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: no document has the 2,040 tokens")
+    assert "1 empty" in r.stderr and "Traceback" not in r.stderr
+    r = run("--data", str(tmp_path / "missing"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "missing: no such file" in r.stderr
+
+
+def test_cli_on_gutenberg_books(tmp_path):
+    books = sorted(need(GUTENBERG).glob("*.txt"))[:3]
+    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(SHARED / "models" / "all-MiniLM-L6-v2"),
+                        "--cache-dir", str(tmp_path), "--docs-per-step", "3", "--data", *map(str, books)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "3 files, 3 documents" in r.stderr and "6 anchors" in r.stdout and "12 positives" in r.stdout
