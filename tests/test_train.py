@@ -1,0 +1,306 @@
+"""train.py: the step's gradient against a naive padded step, across ranks and nodes, GradCache, resuming."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import loss as L
+import model as M
+import sampler as S
+import train as T
+from conftest import ROOT, SHARED, half_batch, need, synthetic_batch, tiny_encoder
+
+GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
+
+
+def naive_grads(model, batch, tau=0.05, A=2, P=2):
+    """The original's step: every field padded to its batch maximum, MLM logits for every anchor token."""
+    model.zero_grad()
+    h = model(batch["mlm_inputs"], batch["anchor_mask"])
+    logits = model.mlm_logits(h)  # (B, T, V)
+    mlm = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=-100)
+    a = M.mean_pool(h, batch["anchor_mask"])
+    p = model.embed(batch["positives"], batch["positive_mask"])
+    (L.nt_xent(a, p.view(len(a), P, -1), tau) + mlm).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def step_grads(model, batch, **kw):
+    model.zero_grad()
+    T.train_step(model, batch, T.TrainConfig(**kw))
+    return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+
+
+def assert_same(g1, g2, atol=1e-5):
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=atol, msg=n)
+
+
+def test_length_groups():
+    lengths = np.array([5, 40, 7, 33, 12, 40, 3])
+    groups = T.length_groups(lengths, 90)
+    flat = np.concatenate(groups)
+    assert sorted(flat.tolist()) == list(range(7))
+    assert (np.diff(lengths[flat]) <= 0).all()  # longest first
+    assert all(len(g) * lengths[g].max() <= 90 for g in groups)
+    assert len(T.length_groups(lengths, 9)) == 7  # a span longer than the budget still runs, alone
+
+
+@pytest.mark.parametrize("chunk", [100_000, 150])
+def test_step_gradient_equals_the_naive_padded_step(chunk):
+    batch = synthetic_batch(4)
+    ref = naive_grads(tiny_encoder(), batch)
+    assert_same(step_grads(tiny_encoder(), batch, chunk_tokens=chunk), ref)
+
+
+def test_grad_cache_equals_the_unchunked_batch():
+    batch = synthetic_batch(4, seed=3)
+    ref = naive_grads(tiny_encoder(), batch)
+    assert_same(step_grads(tiny_encoder(), batch, chunk_tokens=120, grad_cache=True), ref)
+
+
+def test_grad_cache_replays_dropout():
+    """With dropout on, the second pass of each chunk must see the masks of the first."""
+    batch = synthetic_batch(4, seed=4)
+    torch.manual_seed(7)
+    a = step_grads(tiny_encoder(dropout=0.1), batch, chunk_tokens=120, grad_cache=True)
+    torch.manual_seed(7)
+    b = step_grads(tiny_encoder(dropout=0.1), batch, chunk_tokens=120, grad_cache=True)
+    assert_same(a, b, atol=0)
+    torch.manual_seed(7)  # and that is not the same as ignoring the masks: the no-dropout gradient differs
+    c = step_grads(tiny_encoder(), batch, chunk_tokens=120, grad_cache=True)
+    assert max((a[n] - c[n]).abs().max() for n in a) > 1e-4
+
+
+def test_ablations_drop_their_term():
+    batch = synthetic_batch(4, seed=5)
+    g = step_grads(tiny_encoder(), batch, mlm=False)
+    assert g["mlm.dense.weight"].abs().max() == 0  # the MLM head gets no gradient without MLM
+    g = step_grads(tiny_encoder(), batch, contrastive=False)
+    assert g["mlm.dense.weight"].abs().max() > 0
+
+
+def test_schedule_and_decay_groups():
+    cfg = T.TrainConfig(lr=1.0, warmup_frac=0.1, lr_ratio=32)
+    lr = [T.lr_at(s, 100, cfg) for s in range(100)]
+    assert lr[0] == pytest.approx(1 / 32) and lr[10] == pytest.approx(1.0) and max(lr) == lr[10]
+    assert lr[5] == pytest.approx((1 + 0.5 * 31) / 32) and lr[55] == pytest.approx(lr[5])  # half-way up, half-way down
+    opt = T.make_optimizer(tiny_encoder(), T.TrainConfig(), fused=False)
+    decay, rest = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and opt.defaults["eps"] == 1e-6
+    model = tiny_encoder()
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
+    no_decay = {names[id(p)] for p in opt.param_groups[1]["params"]}
+    assert all(n.endswith("bias") or ".ln." in n for n in no_decay) and "layers.0.attn.ln.weight" in no_decay
+    assert {names[id(p)] for p in opt.param_groups[0]["params"]} >= {"layers.0.attn.qkv.weight", "embeddings.word.weight"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+@pytest.fixture
+def reap():
+    """Popen in a session of its own; whatever a failed test leaves running is killed with its workers."""
+    procs = []
+
+    def start(cmd, **kw):
+        procs.append(subprocess.Popen(cmd, start_new_session=True, **kw))
+        return procs[-1]
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_two_ranks_give_the_gradient_of_one_process(tmp_path):
+    out = tmp_path / "grads.pt"
+    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "tests" / "ddp_grad.py")),
+                       env={**os.environ, "DDP_GRAD_OUT": str(out), "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = torch.load(out, weights_only=True)
+    batch = synthetic_batch(8)
+    ref = naive_grads(tiny_encoder(), batch)
+    assert_same(got[False], ref)
+    assert_same(got[True], ref)
+    half = half_batch(batch, 0, 2)  # and the test could tell: half the batch alone gives another gradient
+    assert max((naive_grads(tiny_encoder(), half)[n] - ref[n]).abs().max() for n in ref) > 1e-3
+
+
+# --- whole runs --------------------------------------------------------------------------------------------
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("docs")
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        (d / f"{i}.txt").write_text(" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 600)))
+    return d
+
+
+def run_args(docs, out, *extra):
+    return ["--model", "scratch:tiny", "--data", str(docs), "--out", str(out), "--docs-per-step", "4", "--min-span", "8",
+            "--max-span", "32", "--workers", "0", "--log-every", "1", "--cache-dir", str(out.parent / "cache"), *extra]
+
+
+def trace(out):
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["contrastive"], r["mlm"]) for r in recs]
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
+    common = ["--steps", "12", "--ckpt-every", "4"]
+    T.main(run_args(docs, tmp_path / "a", *common))
+    full = trace(tmp_path / "a")
+    assert [s for s, *_ in full] == list(range(1, 13))
+    p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "b", *common)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics, t0 = tmp_path / "b" / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
+            p.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert [c.name for c in T.checkpoints(tmp_path / "b")] == ["step-00000004"]
+    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    assert trace(tmp_path / "b") == full
+
+
+def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkeypatch):
+    T.main(run_args(docs, tmp_path / "r", "--steps", "2", "--ckpt-every", "2"))
+    model, tok = M.load_pretrained(str(tmp_path / "r" / "checkpoints" / "step-00000002"))
+    opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
+
+    def dying_save(obj, path):
+        open(path, "wb").write(b"half a file")
+        raise KeyboardInterrupt  # the process dies mid-write
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        T.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
+    monkeypatch.undo()
+    ck = T.checkpoints(tmp_path / "r")
+    assert [c.name for c in ck] == ["step-00000002"]
+    state = T.load_checkpoint(ck[-1], model, opt)
+    assert state["step"] == 2
+    T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "3"])  # and a run resumes from it
+
+
+def test_losses_fall_on_gutenberg(tmp_path):
+    books = sorted(need(GUTENBERG).glob("*.txt"))[:8]
+    T.main(["--model", "scratch:tiny", "--data", *map(str, books), "--out", str(tmp_path / "g"), "--docs-per-step", "8",
+            "--min-span", "16", "--max-span", "96", "--steps", "50", "--lr", "2e-3", "--warmup-frac", "0.1",
+            "--workers", "0", "--log-every", "25", "--cache-dir", str(tmp_path / "cache")])
+    t = trace(tmp_path / "g")
+    first, last = np.mean([c for _, c, _ in t[:10]]), np.mean([c for _, c, _ in t[-10:]])
+    mfirst, mlast = np.mean([m for *_, m in t[:10]]), np.mean([m for *_, m in t[-10:]])
+    # contrastive: from ~ln(2*2*8 - 1) = 3.4 for random embeddings; MLM: from ln(vocab) = 8.3 for a uniform guess
+    assert last < 0.8 * first and mlast < mfirst - 0.2, (first, last, mfirst, mlast)
+    assert (tmp_path / "g" / "model" / "model.safetensors").exists()
+
+
+def test_two_nodes_on_loopback(tmp_path, docs, reap):
+    port = free_port()
+    procs = [reap(torchrun("--nnodes=2", "--nproc_per_node=1", f"--node_rank={n}", "--rdzv_backend=c10d",
+                                       f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=declutr-test",
+                                       str(ROOT / "train.py"), *run_args(docs, tmp_path / "n", "--steps", "3")),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for n in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert "on 2 process(es)" in "".join(outs)
+    assert [s for s, *_ in trace(tmp_path / "n")] == [1, 2, 3]
+
+
+def test_torchrun_restart_resumes_and_finishes(tmp_path, docs, reap):
+    p = reap(torchrun("--nproc_per_node=2", "--max-restarts=1", "--rdzv_backend=c10d",
+                                  f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=declutr-restart",
+                                  str(ROOT / "train.py"), *run_args(docs, tmp_path / "k", "--steps", "40", "--ckpt-every", "5")),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics, t0, killed = tmp_path / "k" / "metrics.jsonl", time.time(), False
+    while time.time() - t0 < 200 and not killed:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 12:
+            workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            os.kill(int(workers[-1]), signal.SIGKILL)
+            killed = True
+        time.sleep(0.02)
+    out = p.communicate(timeout=120)[0]
+    assert killed and p.returncode == 0, out[-3000:]
+    assert "resuming at step" in out
+    assert trace(tmp_path / "k")[-1][0] == 40
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+
+def one_line_error(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        T.main(argv)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert e.value.code == 1 and len(lines) == 1, err
+    return lines[0]
+
+
+def test_bad_input(tmp_path, docs, capsys):
+    assert "no such file" in one_line_error(capsys, run_args(tmp_path / "nope", tmp_path / "o1"))
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("too short")
+    assert "no document has" in one_line_error(capsys, run_args(tmp_path / "short", tmp_path / "o2"))
+    bad_model = run_args(docs, tmp_path / "o3")
+    bad_model[1] = str(tmp_path / "no-model/")
+    assert "not a directory" in one_line_error(capsys, bad_model)
+    msg = one_line_error(capsys, run_args(docs, tmp_path / "o4", "--temperature", "0"))
+    assert "loss is nan at step 1" in msg and "none yet" in msg
+    (tmp_path / "o5").mkdir()
+    (tmp_path / "o5" / "metrics.jsonl").write_text("precious\n")
+    assert "--overwrite" in one_line_error(capsys, run_args(docs, tmp_path / "o5"))
+    assert (tmp_path / "o5" / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_nan_names_the_last_good_checkpoint(tmp_path, docs, capsys, monkeypatch):
+    real = T.train_step
+
+    def step(model, batch, cfg, world=1):
+        s = real(model, batch, cfg, world)
+        return {**s, "mlm": float("inf")} if batch["step"] == 3 else s
+
+    monkeypatch.setattr(T, "train_step", step)
+    msg = one_line_error(capsys, run_args(docs, tmp_path / "o", "--steps", "6", "--ckpt-every", "2"))
+    assert "at step 4" in msg and "step-00000002" in msg
+    assert [c.name for c in T.checkpoints(tmp_path / "o")] == ["step-00000002"]
+
+
+def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
+    import evaluate_sts as E
+    from conftest import STSB_DEV
+
+    T.main(run_args(docs, tmp_path / "e", "--steps", "4", "--eval-every", "2", "--eval-data", str(need(STSB_DEV))))
+    recs = [json.loads(l) for l in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    scores = {r["step"]: r["stsb_dev_spearman"] for r in recs if "stsb_dev_spearman" in r}
+    assert sorted(scores) == [2, 4]
+    best, tok = M.load_pretrained(str(tmp_path / "e" / "best"))
+    assert abs(E.spearman_of(best, tok, E.load_stsb_dev(STSB_DEV)) - max(scores.values())) < 1e-3
