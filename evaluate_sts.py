@@ -1,68 +1,276 @@
 """
-evaluate_sts.py: semantic textual similarity, the paper's Appendix C evaluation (work in progress: STS-B dev).
+evaluate_sts.py: semantic textual similarity, the evaluation of the paper's Appendix C (via SentEval).
 
-Spearman correlation x 100 between gold similarity scores and the cosine of the two sentences' mean-pooled
-embeddings.
+Each task gives sentence pairs with gold similarity scores; a model's score is the Spearman correlation x 100
+between the gold scores and the cosine of the two sentences' mean-pooled embeddings (Pearson beside it).
+Tasks are found under --data by their original file layouts: the STS Benchmark (sts-dev.csv, sts-test.csv),
+SICK-R (SICK_trial.txt, SICK_test_annotated.txt, or SICK.txt) and SemEval STS12-16 (folders STS12 ... or
+SentEval's STS12-en-test ..., with STS.input.NAME.txt beside STS.gs.NAME.txt). STS12-16 are reported two
+ways: "all", every subset's pairs pooled (as SimCSE reports), and "mean", the mean over subsets (as SentEval
+and the DeCLUTR paper report).
 
-    python evaluate_sts.py --model runs/declutr/model --data ../shared/data/sts
+    python evaluate_sts.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/sts --split dev
+    python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
+    python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
 """
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import embed as E
 import model as M
 
+STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
-def load_stsb_dev(path) -> tuple[list[str], list[str], np.ndarray]:
-    """STS Benchmark sts-dev.csv (or its folder): tab-separated, no CSV quoting, extra columns ignored."""
-    p = Path(path)
-    if p.is_dir():
-        p = next((q for q in (p / "sts-dev.csv", p / "stsbenchmark" / "sts-dev.csv") if q.exists()), p / "sts-dev.csv")
+
+@dataclass
+class EvalConfig:
+    model: list = field(default_factory=list)  # one or more models (hub ids or local directories), side by side
+    data: str = ""  # folder holding the task files (searched recursively); empty: download the STS Benchmark
+    tasks: list = field(default_factory=list)  # subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all found)
+    split: str = field(default="test", metadata={"choices": ["dev", "test"]})  # STS12-16 have only test data
+    json: str = ""  # also write the scores here
+    batch_tokens: int = 0  # embed.py's token budget per batch (0: its default)
+
+
+class EvalError(ValueError):
+    """Input that cannot be evaluated; the message is one line meant for the user."""
+
+
+# -----------------------------------------------------------------------------------------------
+# Reading the tasks. Each reader returns (sentences a, sentences b, gold scores).
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def read_stsb(path: Path):
+    """genre, file, year, id, score, sentence 1, sentence 2 [, extra columns]; tab-separated, no quoting."""
     a, b, gold = [], [], []
-    for line in p.read_text(encoding="utf-8").splitlines():
+    for n, line in enumerate(_lines(path), 1):
         cols = line.split("\t")
-        if len(cols) >= 7:
-            gold.append(float(cols[4]))
-            a.append(cols[5])
-            b.append(cols[6])
+        if len(cols) < 7:
+            raise EvalError(f"{path}:{n}: expected 7 tab-separated columns, found {len(cols)}")
+        gold.append(float(cols[4]))
+        a.append(cols[5])
+        b.append(cols[6])
     return a, b, np.array(gold)
 
 
+def read_sick(path: Path, split: str):
+    """SICK files carry a header; the full SICK.txt names each pair's split in SemEval_set."""
+    rows = [line.split("\t") for line in _lines(path) if line.strip()]
+    head = rows[0]
+    try:
+        ia, ib, ig = head.index("sentence_A"), head.index("sentence_B"), head.index("relatedness_score")
+    except ValueError:
+        raise EvalError(f"{path}: no sentence_A, sentence_B and relatedness_score columns in the header") from None
+    keep = {"dev": "TRIAL", "test": "TEST"}[split]
+    iset = head.index("SemEval_set") if "SemEval_set" in head else None
+    rows = [r for r in rows[1:] if iset is None or r[iset].strip() == keep]
+    return [r[ia] for r in rows], [r[ib] for r in rows], np.array([float(r[ig]) for r in rows])
+
+
+def read_semeval(inp: Path, gs: Path):
+    """STS.input.NAME.txt (two sentences, maybe more columns) beside STS.gs.NAME.txt; an empty gold line
+    marks a pair without a score, which is left out."""
+    pairs, golds = _lines(inp), _lines(gs)
+    if len(pairs) != len(golds):
+        raise EvalError(f"{gs}: {len(golds)} scores for the {len(pairs)} pairs of {inp.name}")
+    a, b, gold = [], [], []
+    for n, (p, g) in enumerate(zip(pairs, golds), 1):
+        if not g.strip():
+            continue
+        cols = p.split("\t")
+        if len(cols) < 2:
+            raise EvalError(f"{inp}:{n}: expected two tab-separated sentences")
+        a.append(cols[0])
+        b.append(cols[1])
+        gold.append(float(g))
+    return a, b, np.array(gold)
+
+
+def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
+    """{task: {subset: (a, b, gold)}} for every task whose files are under root."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    named = lambda name: next((p for p in files if p.name == name), None)
+    tasks = {}
+    if stsb := named(f"sts-{split}.csv"):
+        tasks["STSB"] = {"": read_stsb(stsb)}
+    if sick := named({"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]) or named("SICK.txt"):
+        tasks["SICKR"] = {"": read_sick(sick, split)}
+    if split == "test":
+        for year in range(12, 17):
+            subsets = {}
+            for inp in files:
+                m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
+                folder = inp.parent.name
+                if m and (folder == f"STS{year}" or folder.startswith(f"STS{year}-")):
+                    gs = inp.with_name(f"{m[1]}.gs.{m[2]}.txt")
+                    if gs.exists():  # an input without gold scores cannot be scored
+                        subsets[m[2]] = read_semeval(inp, gs)
+            if subsets:
+                tasks[f"STS{year}"] = subsets
+    return tasks
+
+
+def download_stsb() -> Path:
+    """The STS Benchmark's three files, fetched once into the cache ($DECLUTR_STSB_URL overrides the source)."""
+    url = os.environ.get("DECLUTR_STSB_URL", STSB_URL)
+    d = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr" / "stsbenchmark"
+    if (d / "sts-test.csv").exists():
+        return d
+    how = "pass --data with a folder holding sts-dev.csv and sts-test.csv"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise EvalError(f"offline (HF_HUB_OFFLINE is set) and the STS Benchmark is not in {d}; {how}")
+    try:
+        data = urllib.request.urlopen(url, timeout=60).read()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            found = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+            want = ("sts-train.csv", "sts-dev.csv", "sts-test.csv")
+            if not all(w in found for w in want):
+                raise EvalError(f"{url}: no {', '.join(want)} in the archive; {how}")
+            d.mkdir(parents=True, exist_ok=True)
+            for w in want:  # by name only: nothing in the archive chooses where a file lands
+                tmp = d / f"{w}.tmp"
+                tmp.write_bytes(tar.extractfile(found[w]).read())
+                os.replace(tmp, d / w)
+    except (urllib.error.URLError, OSError, tarfile.TarError) as e:
+        raise EvalError(f"cannot download the STS Benchmark from {url} ({getattr(e, 'reason', e)}); {how}") from None
+    return d
+
+
+# -----------------------------------------------------------------------------------------------
+# Scoring
+
+
 def rankdata(x: np.ndarray) -> np.ndarray:
-    """Ranks from 1, ties given the mean of the ranks they span."""
+    """Ranks from 1; tied values share the mean of the ranks they span."""
     order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    xs = x[order]
-    start = 0
-    for i in range(1, len(x) + 1):
-        if i == len(x) or xs[i] != xs[start]:
-            ranks[order[start:i]] = (start + i + 1) / 2
-            start = i
+    xs, ranks = x[order], np.empty(len(x))
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    for s, e in zip(starts, ends):
+        ranks[order[s:e]] = (s + e + 1) / 2
     return ranks
 
 
+def pearson(x, y) -> float:
+    """nan where it is undefined (fewer than two pairs, or a constant side), as a correlation should be."""
+    x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
+    den = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / den) if len(x) > 1 and den > 0 else float("nan")
+
+
 def spearman(x, y) -> float:
-    rx, ry = rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return pearson(rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float)))
 
 
-@torch.inference_mode()
-def encode(model, tok, texts, batch_tokens=4096):
-    sp, dev = M.special_ids(tok), next(model.parameters()).device
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
-    i = 0
-    while i < len(order):
-        j = min(len(order), i + max(1, batch_tokens // max(8, len(texts[order[min(len(order), i + 64) - 1]]) // 3)))
-        ids, mask = M.batch_encode(tok, [texts[k] for k in order[i:j]], model.config.max_tokens, sp["pad"])
-        out[order[i:j]] = model.embed(ids.to(dev), mask.to(dev)).float().cpu().numpy()
-        i = j
+def cosines(model, tok, a, b, batch_tokens=0) -> np.ndarray:
+    uniq = list(dict.fromkeys(a + b))  # each sentence embedded once
+    emb = E.encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True)
+    where = {s: i for i, s in enumerate(uniq)}
+    return (emb[[where[s] for s in a]] * emb[[where[s] for s in b]]).sum(1)
+
+
+def _mean(values) -> float:
+    """Mean over the subsets that have a score (a subset of one scored pair has none)."""
+    v = [x for x in values if not np.isnan(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def score(model, tok, tasks, batch_tokens=0) -> dict:
+    out = {}
+    for task, subsets in tasks.items():
+        per = {}
+        for name, (a, b, gold) in subsets.items():
+            cos = cosines(model, tok, a, b, batch_tokens)
+            per[name] = dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold), cos=cos)
+        if list(per) == [""]:
+            out[task] = {k: v for k, v in per[""].items() if k != "cos"}
+            continue
+        cos = np.concatenate([p["cos"] for p in per.values()])
+        gold = np.concatenate([g for _, _, g in subsets.values()])
+        out[task] = {"all": 100 * spearman(cos, gold), "mean": _mean(p["spearman"] for p in per.values()),
+                     "pearson_all": 100 * pearson(cos, gold), "pearson_mean": _mean(p["pearson"] for p in per.values()),
+                     "n": len(gold), "subsets": {k: {m: v for m, v in p.items() if m != "cos"} for k, p in per.items()}}
     return out
+
+
+def load_stsb_dev(path):
+    """STS-B dev pairs from sts-dev.csv or a folder holding it (train.py's --eval-data)."""
+    p = Path(path)
+    found = p if p.is_file() else next(iter(sorted(p.rglob("sts-dev.csv"))), None)
+    if found is None:
+        raise EvalError(f"{path}: no sts-dev.csv")
+    return read_stsb(found)
 
 
 def spearman_of(model, tok, pairs) -> float:
     a, b, gold = pairs
-    ea, eb = encode(model, tok, a), encode(model, tok, b)
-    cos = (ea * eb).sum(1) / (np.linalg.norm(ea, axis=1) * np.linalg.norm(eb, axis=1) + 1e-12)
-    return 100 * spearman(cos, gold)
+    return 100 * spearman(cosines(model, tok, a, b), gold)
+
+
+def table(results: dict) -> str:
+    models = list(results)
+    rows = []
+    for task in dict.fromkeys(t for r in results.values() for t in r):
+        first = results[models[0]][task]
+        for agg in (("all", "mean") if "all" in first else ("",)):
+            cells = []
+            for m in models:
+                r = results[m][task]
+                sp, pe = (r["spearman"], r["pearson"]) if not agg else (r[agg], r[f"pearson_{agg}"])
+                cells.append("   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})")
+            rows.append([f"{task} {agg}".strip(), str(first["n"])] + cells)
+    head = ["task", "pairs"] + [Path(m).name or m for m in models]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows] +
+                     ["Spearman x 100 of cosine similarity (Pearson x 100)"])
+
+
+def main(argv=None):
+    cfg = M.parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
+    try:
+        if not cfg.model:
+            raise EvalError("no --model given")
+        root = Path(cfg.data) if cfg.data else download_stsb()
+        if not root.is_dir():
+            raise EvalError(f"{root}: not a directory")
+        tasks = find_tasks(root, cfg.split)
+        if cfg.tasks:
+            unknown = set(cfg.tasks) - {"STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16"}
+            if unknown:
+                raise EvalError(f"unknown tasks {', '.join(sorted(unknown))}")
+            tasks = {t: v for t, v in tasks.items() if t in cfg.tasks}
+        if not tasks:
+            raise EvalError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
+                            + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        results = {}
+        for name in cfg.model:
+            model, tok = M.load_pretrained(name, verbose=False)
+            results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens)
+        print(table(results))
+        if cfg.json:  # an undefined correlation (one scored pair) is null, as JSON has no NaN
+            clean = lambda v: {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else (None if v != v else v)
+            Path(cfg.json).write_text(json.dumps(clean(results if len(results) > 1 else results[cfg.model[0]]), indent=2) + "\n")
+    except (EvalError, M.ModelError, E.EmbedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

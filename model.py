@@ -455,21 +455,28 @@ def load_pretrained(name: str, verbose: bool = True) -> tuple[Encoder, Tokenizer
     return model.eval(), tok
 
 
-def parse_config(cls, argv=None, doc: str = ""):
-    """A config dataclass from the command line: one flag per field, its comment as help, every default shown."""
+def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
+    """A config dataclass from the command line: one flag per field (or a positional list for the fields
+    named in `positional`), its comment as help, every default shown."""
     notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
     ap = argparse.ArgumentParser(description=doc)
     for f in fields(cls):
+        if f.name in positional:
+            ap.add_argument(f.name, nargs="+", help=notes.get(f.name, ""))
+            continue
         default = f.default if f.default is not MISSING else f.default_factory()
         kw = dict(default=default, help=(notes.get(f.name, "") + " (default: %(default)s)").strip())
         if f.type is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif isinstance(default, list):
-            kw.update(nargs="*", type=str)
+        elif isinstance(default, list):  # --data a b, or --model a --model b
+            kw.update(nargs="+", type=str, action="extend", default=None)
         else:
             kw["type"] = type(default) if default is not None else str
+            if "choices" in f.metadata:
+                kw["choices"] = f.metadata["choices"]
         ap.add_argument("--" + f.name.replace("_", "-"), **kw)
-    return cls(**vars(ap.parse_args(argv)))
+    args = {k: ([] if v is None and isinstance(getattr(cls(), k), list) else v) for k, v in vars(ap.parse_args(argv)).items()}
+    return cls(**args)
 
 
 def _write_atomic(path: Path, write):

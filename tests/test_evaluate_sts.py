@@ -1,9 +1,11 @@
 """evaluate_sts.py: Spearman against hand-worked cases with ties, and the STS-B reader."""
+import json
 import math
 
 import numpy as np
 
 import evaluate_sts as E
+import model as M
 from conftest import STSB_DEV, need
 
 
@@ -24,3 +26,142 @@ def test_stsb_reader_keeps_quotes_and_ignores_extra_columns():
     assert len(a) == len(b) == len(gold) == 1500
     assert gold.min() == 0.0 and gold.max() == 5.0
     assert any('"' in s for s in a + b)
+
+
+# --- layouts ------------------------------------------------------------------------------------------------
+
+import http.server  # noqa: E402
+import io  # noqa: E402
+import shutil  # noqa: E402
+import tarfile  # noqa: E402
+import threading  # noqa: E402
+
+import pytest  # noqa: E402
+
+from conftest import MINILM, SHARED  # noqa: E402
+
+SAMPLES = SHARED / "data" / "sts" / "format-samples"
+
+
+def test_each_semeval_layout_from_the_samples():
+    tasks = E.find_tasks(need(SAMPLES), "test")
+    assert sorted(tasks) == ["STS12", "STS13", "STS14", "STS15", "STS16"]
+    for year, subset in [("STS12", "MSRvid"), ("STS13", "headlines"), ("STS14", "images"), ("STS15", "answers-forums"),
+                         ("STS16", "plagiarism")]:
+        assert list(tasks[year]) == [subset]
+    golds = {y: [g for g in (SAMPLES / y).glob("*.gs.*")][0].read_text().splitlines() for y in tasks}
+    for year, subsets in tasks.items():
+        a, b, gold = next(iter(subsets.values()))
+        assert len(a) == len(b) == len(gold) == sum(1 for g in golds[year] if g.strip())  # empty gold: left out
+    a, b, gold = tasks["STS16"]["plagiarism"]
+    assert gold.tolist() == [1.0] and not any("\t" in s or "Corpus of Plagiarised" in s for s in a + b)
+    a, b, gold = tasks["STS15"]["answers-forums"]
+    assert gold.tolist() == [3.0, 0.6, 1.0]
+
+
+def test_traps_in_a_senteval_tree(tmp_path):
+    root = tmp_path / "downstream" / "STS"
+    for year in (12, 16):
+        src = next(SAMPLES.glob(f"STS{year}"))
+        dst = root / f"STS{year}-en-test"  # SentEval's folder names
+        shutil.copytree(need(src), dst)
+    d = root / "STS12-en-test"
+    (d / "readme.txt").write_text("Read me.\n")
+    (d / "STS.output.MSRvid.txt").write_text("1\n2\n3\n4\n5\n")  # a system's output, not gold
+    (d / "STS.gs.OnWN.txt").write_text("1\n2\n")  # gold whose input is missing
+    (d / "STS.input.SMTnews.txt").write_text("a\tb\n")  # input whose gold is missing
+    tasks = E.find_tasks(tmp_path, "test")
+    assert sorted(tasks) == ["STS12", "STS16"] and list(tasks["STS12"]) == ["MSRvid"]
+    (d / "STS.gs.SMTnews.txt").write_text("1\n2\n")
+    with pytest.raises(E.EvalError, match="2 scores for the 1 pairs"):
+        E.find_tasks(tmp_path, "test")
+
+
+def test_sick_layouts(tmp_path):
+    trial = need(SHARED / "data" / "sts" / "sick" / "SICK_trial.txt")
+    a, b, gold = E.find_tasks(trial.parent, "dev")["SICKR"][""]
+    assert len(a) == 500 and 1 <= gold.min() and gold.max() <= 5
+    head = "pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tSemEval_set\n"
+    (tmp_path / "SICK.txt").write_text(head + "1\tA x\tB x\tNEUTRAL\t3.5\tTRAIN\n2\tA y\tB y\tNEUTRAL\t4.5\tTEST\n"
+                                       "3\tA z\tB z\tNEUTRAL\t1.5\tTRIAL\n4\tA w\tB w\tNEUTRAL\t2.0\tTEST\n")
+    assert E.find_tasks(tmp_path, "test")["SICKR"][""][2].tolist() == [4.5, 2.0]
+    assert E.find_tasks(tmp_path, "dev")["SICKR"][""][0] == ["A z"]
+
+
+def test_minilm_on_stsb_dev_and_sick_trial(tmp_path, capsys):
+    need(MINILM)
+    E.main(["--model", str(MINILM), "--data", str(SHARED / "data" / "sts"), "--split", "dev", "--json", str(tmp_path / "r.json")])
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert abs(r["STSB"]["spearman"] - 86.72) <= 0.05 and r["STSB"]["n"] == 1500  # sentence-transformers' figure
+    assert abs(r["SICKR"]["spearman"] - 79.80) <= 0.05 and r["SICKR"]["n"] == 500
+    out = capsys.readouterr().out
+    assert "STSB" in out and "86.72" in out
+
+
+def test_two_models_side_by_side_and_aggregations(tmp_path, capsys):
+    texts = ["a man is playing a guitar while a woman sings"] * 40
+    for seed in (0, 1):
+        M.save_pretrained(*M.from_scratch("tiny", texts, seed=seed), tmp_path / f"m{seed}")
+    names = [str(tmp_path / "m0"), str(tmp_path / "m1")]
+    E.main(["--model", names[0], "--model", names[1], "--data", str(need(SAMPLES)), "--json", str(tmp_path / "r.json")])
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert list(r) == names and r[names[0]] != r[names[1]]
+    one = r[names[0]]
+    s = one["STS15"]
+    assert s["n"] == 3 and s["subsets"]["answers-forums"]["n"] == 3
+    assert abs(s["mean"] - s["subsets"]["answers-forums"]["spearman"]) < 1e-9  # one subset: mean == that subset
+    assert one["STS16"]["all"] is None or np.isnan(one["STS16"]["all"])  # one scored pair: no correlation
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-2:] == ["m0", "m1"]
+    assert any(l.startswith("STS12 all") for l in lines) and any(l.startswith("STS12 mean") for l in lines)
+
+
+def test_nothing_recognisable_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    with pytest.raises(SystemExit) as e:
+        E.main(["--model", "whatever", "--data", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and "no test files" in err and "--split dev" in err
+
+
+class Archive(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.body else 404)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def test_download_from_a_local_server_then_offline(tmp_path, monkeypatch):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in [("stsbenchmark/sts-train.csv", "x"), ("stsbenchmark/sts-dev.csv", "x"),
+                           ("stsbenchmark/sts-test.csv", "g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\n"),
+                           ("../evil.csv", "escape")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    Archive.body = buf.getvalue()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Archive)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DECLUTR_STSB_URL", f"http://127.0.0.1:{srv.server_address[1]}/Stsbenchmark.tar.gz")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    d = E.download_stsb()
+    assert sorted(p.name for p in d.iterdir()) == ["sts-dev.csv", "sts-test.csv", "sts-train.csv"]
+    assert not (tmp_path / "evil.csv").exists() and not list(tmp_path.rglob("evil.csv"))
+    assert E.find_tasks(d, "test")["STSB"][""][0] == ["A cat."]
+    srv.shutdown()
+    srv.server_close()  # the port refuses from now on
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert E.download_stsb() == d  # cached: no network needed
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
+    with pytest.raises(E.EvalError, match="offline.*pass --data"):
+        E.download_stsb()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(E.EvalError, match="cannot download .*pass --data"):
+        E.download_stsb()  # the server is gone

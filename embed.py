@@ -1,0 +1,214 @@
+"""
+embed.py: sentence embeddings of text files with a trained encoder, fast and in bounded memory.
+
+Paper §3.1 and §4.2: a text's embedding is the mean of the encoder's last-layer token states over the
+attention mask, the same pooling that training used. Texts are sorted by length and batched by a token
+budget, so little compute goes to padding, then written back in input order.
+
+    python embed.py --model runs/declutr/model texts.txt --output embeddings.npy
+    python embed.py --model ../shared/models/all-MiniLM-L6-v2 a.txt b.jsonl --output out.npy --normalize
+    cat texts.txt | python embed.py --model M - --output out.jsonl --format jsonl
+    python embed.py --model M long_docs.txt --output out.npy --long chunk    # windows, averaged
+
+    from embed import encode
+    vectors = encode(["A man plays a guitar.", "Someone plays music."], model, tok)   # (2, hidden) float32
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import model as M
+
+
+@dataclass
+class EmbedConfig:
+    model: str = ""  # hub id or local Hugging Face directory
+    inputs: list = field(default_factory=list)  # .txt (a text per line, empty lines kept), .jsonl (field text), - for stdin
+    output: str = "embeddings.npy"  # written under a temporary name, renamed when complete
+    format: str = field(default="npy", metadata={"choices": ["npy", "jsonl"]})  # npy: float32 (texts, hidden)
+    normalize: bool = False  # unit vectors, so that dot products are cosines
+    long: str = field(default="truncate", metadata={"choices": ["truncate", "chunk"]})  # texts over the model's length
+    batch_tokens: int = 0  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
+    block: int = 16384  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
+    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
+    dtype: str = field(default="auto", metadata={"choices": ["auto", "fp32", "bf16", "fp16"]})  # auto: fp32 (bf16/fp16 on GPUs)
+
+
+class EmbedError(ValueError):
+    """Input that cannot be embedded; the message is one line meant for the user."""
+
+
+def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
+    """One text's ids (with its special tokens) -> the pieces to embed: itself, truncated, or overlapping windows."""
+    if len(ids) <= max_tokens:
+        return [ids]
+    head, body, tail = ids[:1], ids[1:-1], ids[-1:]
+    w = max_tokens - 2
+    if long == "truncate":
+        return [head + body[:w] + tail]
+    step = max(1, w // 2)  # half-window overlap: every token sits inside some window away from its edges
+    starts = list(range(0, len(body) - w, step)) + [len(body) - w]
+    return [head + body[s:s + w] + tail for s in starts]
+
+
+@torch.inference_mode()
+def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", normalize: bool = False,
+           dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
+    """Mean-pooled embeddings (len(texts), hidden) in input order, float32."""
+    device = next(model.parameters()).device
+    batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
+    sp, max_tokens = M.special_ids(tok), model.config.max_tokens
+    encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
+    pieces, owner = [], []
+    for i, e in enumerate(encodings):
+        segs = _segments(e.ids, max_tokens, long)
+        pieces += segs
+        owner += [i] * len(segs)
+    order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
+    out = np.zeros((len(pieces), model.config.hidden_size), dtype=np.float32)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and dtype != torch.float32)
+    i = 0
+    while i < len(order):
+        T = len(pieces[order[i]])
+        j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
+        ids = torch.full((j - i, T), sp["pad"], dtype=torch.long)
+        mask = torch.zeros((j - i, T), dtype=torch.long)
+        for r, k in enumerate(order[i:j]):
+            ids[r, :len(pieces[k])], mask[r, :len(pieces[k])] = torch.tensor(pieces[k]), 1
+        with autocast:
+            emb = model.embed(ids.to(device), mask.to(device))
+        out[order[i:j]] = emb.float().cpu().numpy()
+        if progress:
+            progress(j - i if long == "truncate" else len({owner[k] for k in order[i:j]}))
+        i = j
+    if len(pieces) != len(encodings):  # --long chunk: a text's embedding is the mean of its windows
+        sums = np.zeros((len(encodings), out.shape[1]), dtype=np.float64)
+        np.add.at(sums, owner, out)
+        out = (sums / np.bincount(owner, minlength=len(encodings))[:, None]).astype(np.float32)
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out
+
+
+# -----------------------------------------------------------------------------------------------
+# Files in, rows out, in blocks.
+
+
+def read_texts(path: Path, stdin_copy: Path | None = None):
+    """Yield the texts of one input in order; a clear EmbedError for what cannot be read."""
+    src = stdin_copy if str(path) == "-" else path
+    name = "stdin" if str(path) == "-" else str(path)
+    try:
+        with open(src, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+                except UnicodeDecodeError as e:
+                    raise EmbedError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+                if not name.endswith(".jsonl"):
+                    yield line
+                elif line.strip():
+                    try:
+                        text = json.loads(line)["text"]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        text = None
+                    if not isinstance(text, str):
+                        raise EmbedError(f"{name}:{n}: not a JSON object with a string field 'text'")
+                    yield text
+    except OSError as e:
+        raise EmbedError(f"{name}: cannot read ({e.strerror})") from None
+
+
+def _blocks(cfg, stdin_copy):
+    block = []
+    for path in cfg.inputs:
+        for text in read_texts(Path(path), stdin_copy):
+            block.append(text)
+            if len(block) == cfg.block:
+                yield block
+                block = []
+    if block:
+        yield block
+
+
+def run(cfg: EmbedConfig):
+    out = Path(cfg.output)
+    for p in cfg.inputs:
+        if p != "-" and not Path(p).is_file():
+            raise EmbedError(f"{p}: no such file")
+    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
+        raise EmbedError(f"{out}: cannot write into {out.parent}")
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+    dtype = {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    if dtype is not None and device.type == "cpu":
+        raise EmbedError(f"--dtype {cfg.dtype} is for GPUs; on a CPU embeddings are computed in fp32")
+    if cfg.dtype == "auto" and device.type == "cuda":
+        dtype = torch.bfloat16
+    model, tok = M.load_pretrained(cfg.model, verbose=False)
+    model.to(device)
+    with tempfile.TemporaryDirectory() as tmpdir:
+        stdin_copy = None
+        if "-" in cfg.inputs:  # spooled once: the output's size must be known before the first row is written
+            stdin_copy = Path(tmpdir) / "stdin.txt"
+            with open(stdin_copy, "wb") as f:
+                shutil.copyfileobj(sys.stdin.buffer, f)
+        n = sum(sum(1 for _ in read_texts(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
+        if n == 0:
+            raise EmbedError(f"{', '.join(cfg.inputs)}: no texts")
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        done, t0, tty = 0, time.time(), sys.stderr.isatty()
+
+        def progress(k):
+            nonlocal done
+            done += k
+            if tty:
+                print(f"\rembedding {done:,}/{n:,} texts, {done / (time.time() - t0):,.0f}/s", end="", file=sys.stderr)
+
+        try:
+            if cfg.format == "npy":
+                rows = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, model.config.hidden_size))
+            else:
+                rows = open(tmp, "w")
+            at = 0
+            for block in _blocks(cfg, stdin_copy):
+                emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long, normalize=cfg.normalize,
+                             dtype=dtype, progress=progress)
+                if cfg.format == "npy":
+                    rows[at:at + len(emb)] = emb
+                else:
+                    rows.writelines(json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n" for e in emb)
+                at += len(emb)
+            rows.flush()
+            if cfg.format == "jsonl":
+                rows.close()
+            del rows
+            os.replace(tmp, out)  # only a complete output gets the name the user asked for
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        if tty:
+            print(file=sys.stderr)
+    print(f"wrote {out}: {n:,} x {model.config.hidden_size} ({time.time() - t0:.1f}s, {n / (time.time() - t0):,.0f} texts/s)",
+          file=sys.stderr)
+
+
+def main(argv=None):
+    cfg = M.parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
+    try:
+        if not cfg.model:
+            raise EmbedError("no --model given: a hub id or a local Hugging Face directory")
+        run(cfg)
+    except (EmbedError, M.ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

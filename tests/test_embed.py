@@ -1,0 +1,133 @@
+"""embed.py against sentence-transformers on the same model and texts, a naive loop, and bad input."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import embed as E
+import model as M
+from conftest import MINILM, ROOT, need, stsb_sentences
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random encoder with a real tokenizer, saved, for fast CLI runs."""
+    d = tmp_path_factory.mktemp("tiny")
+    model, tok = M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50)
+    M.save_pretrained(model, tok, d)
+    return d
+
+
+def naive(texts, model, tok):
+    """One text at a time, no padding, no sorting: the definition of a mean-pooled embedding."""
+    out = []
+    with torch.no_grad():
+        for t in texts:
+            ids = tok.encode(t).ids
+            ids = ids if len(ids) <= model.config.max_tokens else ids[:model.config.max_tokens - 1] + ids[-1:]
+            x = torch.tensor([ids])
+            out.append(model(x, torch.ones_like(x)).mean(1)[0].numpy())
+    return np.array(out)
+
+
+def test_encode_equals_one_at_a_time_in_input_order():
+    model, tok = M.from_scratch("tiny", ["alpha beta gamma delta"] * 30)
+    model.eval()
+    texts = ["alpha", "", "beta gamma " * 40, "delta alpha beta", "gamma " * 700, "alpha"]
+    emb = E.encode(texts, model, tok, batch_tokens=64)
+    np.testing.assert_allclose(emb, naive(texts, model, tok), atol=1e-5)
+    unit = E.encode(texts, model, tok, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-6)
+
+
+def test_long_chunk_is_the_mean_of_overlapping_windows():
+    model, tok = M.from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
+    model.eval()
+    text = " ".join(["one two three four five six"] * 6)  # ~36 tokens; the model takes 20 with <s> and </s>
+    ids = tok.encode(text).ids
+    body, w = ids[1:-1], 18
+    starts = list(range(0, len(body) - w, w // 2)) + [len(body) - w]
+    assert len(starts) >= 3 and starts[-1] + w == len(body)
+    with torch.no_grad():
+        want = np.mean([model(torch.tensor([[ids[0]] + body[s:s + w] + [ids[-1]]]),
+                              torch.ones(1, w + 2, dtype=torch.long)).mean(1)[0].numpy() for s in starts], axis=0)
+    got = E.encode([text, "one"], model, tok, long="chunk")
+    np.testing.assert_allclose(got[0], want, atol=1e-5)
+    trunc = E.encode([text], model, tok, long="truncate")
+    assert np.abs(trunc[0] - want).max() > 1e-3
+
+
+def test_cli_matches_sentence_transformers(tmp_path):
+    need(MINILM)
+    st = pytest.importorskip("sentence_transformers")
+    texts = stsb_sentences(400)
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(MINILM), str(tmp_path / "in.txt"),
+                        "--output", str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    emb = np.load(tmp_path / "out.npy")
+    ref = st.SentenceTransformer(str(MINILM), device="cpu").encode(texts)
+    assert emb.dtype == np.float32 and emb.shape == ref.shape
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.99999
+
+
+def run(*args, stdin=None):
+    return subprocess.run([sys.executable, str(ROOT / "embed.py"), *map(str, args)], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+
+
+def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
+    (tmp_path / "a.txt").write_text("first\n\nthird line\r\nfourth\n")  # the empty line is a row; CRLF is a line end
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6}) + "\n")
+    r = run("--model", tiny, tmp_path / "a.txt", tmp_path / "b.jsonl", "-", "--output", tmp_path / "o.npy", "--block", "2",
+            stdin="seventh\n")
+    assert r.returncode == 0, r.stderr
+    emb = np.load(tmp_path / "o.npy")
+    model, tok = M.load_pretrained(str(tiny))
+    texts = ["first", "", "third line", "fourth", "fifth", "sixth", "seventh"]
+    np.testing.assert_allclose(emb, naive(texts, model, tok), atol=1e-5)
+    r = run("--model", tiny, tmp_path / "a.txt", "--output", tmp_path / "o.jsonl", "--format", "jsonl", "--normalize")
+    rows = [json.loads(l)["embedding"] for l in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and abs(np.linalg.norm(rows[2]) - 1) < 1e-5
+    np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "utf8", "jsonl", "unwritable"])
+def test_bad_input_one_line_and_no_output(tmp_path, tiny, case):
+    f, out = tmp_path / "in.txt", tmp_path / "out.npy"
+    expect = {"missing": "no such file", "empty": "no texts", "utf8": "not UTF-8", "jsonl": "in.jsonl:2:",
+              "unwritable": "cannot write"}[case]
+    if case == "empty":
+        f.write_text("")
+    elif case == "utf8":
+        f.write_bytes(b"fine\ncaf\xe9\n")
+    elif case == "jsonl":
+        f = tmp_path / "in.jsonl"
+        f.write_text('{"text": "ok"}\n{"txt": "no"}\n')
+    elif case == "unwritable":
+        f.write_text("a\n")
+        out = tmp_path / "no" / "such" / "dir" / "out.npy"
+    r = run("--model", tiny, f, "--output", out)
+    assert r.returncode == 1 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_failure_midway_leaves_no_output(tmp_path, tiny, monkeypatch):
+    (tmp_path / "in.txt").write_text("a\nb\nc\n")
+    calls = []
+
+    def dying(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    real = E.encode
+    monkeypatch.setattr(E, "encode", dying)
+    with pytest.raises(KeyboardInterrupt):
+        E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--block", "1"])
+    assert not (tmp_path / "o.npy").exists() and not list(tmp_path.glob(".o.npy*"))
