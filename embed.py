@@ -173,23 +173,18 @@ def run(cfg: EmbedConfig):
                 print(f"\rembedding {done:,}/{n:,} texts, {done / (time.time() - t0):,.0f}/s", end="", file=sys.stderr)
 
         try:
-            if cfg.format == "npy":
-                rows = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, model.config.hidden_size))
-            else:
-                rows = open(tmp, "w")
-            at = 0
-            for block in _blocks(cfg, stdin_copy):
-                emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long, normalize=cfg.normalize,
-                             dtype=dtype, progress=progress)
-                if cfg.format == "npy":
-                    rows[at:at + len(emb)] = emb
-                else:
-                    rows.writelines(json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n" for e in emb)
-                at += len(emb)
-            rows.flush()
-            if cfg.format == "jsonl":
-                rows.close()
-            del rows
+            with open(tmp, "wb") as f:
+                if cfg.format == "npy":  # the header first (the row count is known), then rows as they come
+                    np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                             "shape": (n, model.config.hidden_size)})
+                for block in _blocks(cfg, stdin_copy):  # blocks come in input order: rows are appended
+                    emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long,
+                                 normalize=cfg.normalize, dtype=dtype, progress=progress)
+                    if cfg.format == "npy":
+                        f.write(emb.astype("<f4").tobytes())
+                    else:
+                        f.writelines((json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n").encode()
+                                     for e in emb)
             os.replace(tmp, out)  # only a complete output gets the name the user asked for
         finally:
             Path(tmp).unlink(missing_ok=True)
