@@ -234,7 +234,7 @@ def table(results: dict) -> str:
                 sp, pe = (r["spearman"], r["pearson"]) if not agg else (r[agg], r[f"pearson_{agg}"])
                 cells.append("   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})")
             rows.append([f"{task} {agg}".strip(), str(first["n"])] + cells)
-    head = ["task", "pairs"] + [Path(m).name or m for m in models]
+    head = ["task", "pairs"] + models
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows] +

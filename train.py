@@ -6,7 +6,8 @@ positives (loss.py) sampled from the same documents (sampler.py), plus masked la
 anchors in the same forward pass; AdamW (lr 5e-5, weight decay 0.1 except biases and LayerNorms, eps 1e-6),
 a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to norm 1.0, N=16 documents a step.
 
-    python train.py --model scratch:tiny --data ../shared/data/corpus/gutenberg --steps 200 --out runs/tiny
+    python train.py                                   # the demo: a tiny model learns from Python's own docs, ~3 min
+    python train.py --model scratch:tiny --data ../shared/data/corpus/gutenberg --steps 200 --lr 1e-3 --out runs/tiny
     python train.py --model distilroberta-base --data docs/ --out runs/declutr-small
     torchrun --nproc_per_node=4 train.py --model distilroberta-base --data owt/ --out runs/declutr-small
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=run1 \\
@@ -20,7 +21,7 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,9 +37,9 @@ import sampler as S
 
 @dataclass
 class TrainConfig:
-    model: str = "distilroberta-base"  # hub id, local directory, or scratch:SHAPE (tiny, small, distilroberta-base, ...)
-    data: list = field(default_factory=list)  # .txt / .jsonl (optionally .gz) files and directories of them
-    out: str = "runs/declutr"  # checkpoints, metrics.jsonl, and the final model in out/model
+    model: str = ""  # hub id, local directory, or scratch:SHAPE (tiny, small, ...); empty: distilroberta-base
+    data: list = field(default_factory=list)  # .txt / .jsonl (optionally .gz) files and directories; none: the demo
+    out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
     resume: bool = False  # continue from the newest checkpoint in out (with its stored configuration)
     overwrite: bool = False  # start afresh in an out that holds an earlier run
     docs_per_step: int = 16  # N, over all ranks together
@@ -70,6 +71,40 @@ class TrainConfig:
     keep_ckpts: int = 2
     workers: int = 2  # DataLoader workers per rank
     cache_dir: str = ""  # tokenised corpus cache (default ~/.cache/declutr)
+
+
+# `python train.py` with no data: a demo that needs nothing but Python. These replace the fields left at default.
+DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
+            ckpt_every=200)
+
+
+def demo_corpus(cache_dir: str) -> Path:
+    """Text that every Python installation carries, one document per file: the language reference's help
+    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    root = Path(cache_dir or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr") / "demo-corpus"
+    if (root / "done").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    docs = {f"topic-{k}": v for k, v in topics.items()}
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
+            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+    for name, text in docs.items():
+        if len(text) > 2000:
+            (root / f"{name}.txt").write_text(text, encoding="utf-8")
+    (root / "done").write_text("")
+    return root
 
 
 class TrainError(RuntimeError):
@@ -306,6 +341,16 @@ def main(argv=None):
 
 
 def run(cfg, rank, local, world, device):
+    if not cfg.data and not cfg.resume:  # the demo
+        defaults = TrainConfig()
+        cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
+        if rank == 0:
+            demo_corpus(cfg.cache_dir)  # written once, by one process
+        if world > 1:
+            dist.barrier()
+        cfg = replace(cfg, data=[str(demo_corpus(cfg.cache_dir))])
+        say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or "runs/declutr")
     out = Path(cfg.out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
     if (cfg.resume or restarted) and checkpoints(out):
@@ -319,8 +364,6 @@ def run(cfg, rank, local, world, device):
         if rank == 0:
             for p in ("checkpoints", "model", "best", "metrics.jsonl"):
                 shutil.rmtree(out / p, ignore_errors=True) if (out / p).is_dir() else (out / p).unlink(missing_ok=True)
-    if not cfg.data:
-        raise TrainError("no --data given: pass .txt/.jsonl files or directories of them")
     if cfg.docs_per_step % world:
         raise TrainError(f"--docs-per-step {cfg.docs_per_step} does not split over {world} ranks")
     if not (cfg.mlm or cfg.contrastive):
@@ -400,8 +443,11 @@ def run(cfg, rank, local, world, device):
         M.save_pretrained(model, tok, out / "model")
         print(f"done: the model is in {out / 'model'}"
               + (f", the best by STS-B dev ({best:.2f}) in {out / 'best'}" if best >= 0 else ""))
-        print(f"  embed:    python embed.py --model {out / 'model'} texts.txt --output embeddings.npy")
-        print(f"  evaluate: python evaluate_sts.py --model {out / 'model'} --data ../shared/data/sts")
+        sts = Path("../shared/data/sts")
+        print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
+              f"python embed.py --model {out / 'model'} - --output embeddings.npy")
+        print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {out / 'model'} --split dev"
+              + (f" --data {sts}" if sts.is_dir() else "   # downloads the STS Benchmark once"))
 
 
 if __name__ == "__main__":

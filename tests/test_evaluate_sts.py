@@ -112,7 +112,7 @@ def test_two_models_side_by_side_and_aggregations(tmp_path, capsys):
     assert abs(s["mean"] - s["subsets"]["answers-forums"]["spearman"]) < 1e-9  # one subset: mean == that subset
     assert one["STS16"]["all"] is None or np.isnan(one["STS16"]["all"])  # one scored pair: no correlation
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[-2:] == ["m0", "m1"]
+    assert lines[0].split()[-2:] == names
     assert any(l.startswith("STS12 all") for l in lines) and any(l.startswith("STS12 mean") for l in lines)
 
 

@@ -304,3 +304,24 @@ def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
     assert sorted(scores) == [2, 4]
     best, tok = M.load_pretrained(str(tmp_path / "e" / "best"))
     assert abs(E.spearman_of(best, tok, E.load_stsb_dev(STSB_DEV)) - max(scores.values())) < 1e-3
+
+
+def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path, capsys, monkeypatch):
+    """`python train.py` alone (here cut to 4 steps): Python's own docs in, a usable model out."""
+    import embed
+    import evaluate_sts
+    from conftest import STSB_DEV
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    T.main(["--steps", "4"])
+    out = capsys.readouterr().out
+    assert "the demo, scratch:tiny" in out and "done: the model is in runs/demo/model" in out
+    assert len(list((tmp_path / "cache" / "declutr" / "demo-corpus").glob("*.txt"))) > 100
+    embed_cmd = next(l for l in out.splitlines() if "python embed.py" in l)
+    assert "--model runs/demo/model - --output embeddings.npy" in embed_cmd
+    (tmp_path / "t.txt").write_text("A man is playing a guitar.\nA woman is singing.\n")
+    embed.main(["--model", "runs/demo/model", str(tmp_path / "t.txt"), "--output", "e.npy"])
+    assert np.load("e.npy").shape == (2, 64)
+    evaluate_sts.main(["--model", "runs/demo/model", "--split", "dev", "--data", str(need(STSB_DEV).parent)])
+    assert "STSB" in capsys.readouterr().out
