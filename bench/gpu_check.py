@@ -23,7 +23,8 @@ import sampler as S  # noqa: E402
 import train as T  # noqa: E402
 
 dev = torch.device(os.environ.get("GPU_CHECK_DEVICE", "cuda"))  # "cpu" for a dry run of the script itself
-DOCS = int(os.environ.get("GPU_CHECK_DOCS", "16"))
+DOCS = int(os.environ.get("GPU_CHECK_DOCS", "16"))  # a dry run on a CPU: GPU_CHECK_DOCS=1 GPU_CHECK_TEXTS=200
+TEXTS = int(os.environ.get("GPU_CHECK_TEXTS", "4000"))
 sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
 
@@ -50,7 +51,7 @@ def main():
     c = transformers.RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                                    intermediate_size=3072, max_position_embeddings=514)
     transformers.RobertaForMaskedLM(c).save_pretrained(d)
-    texts = [f"sentence number {i} about {'many ' * (i % 40)}things" for i in range(4000)]
+    texts = [f"sentence number {i} about {'many ' * (i % 40)}things" for i in range(max(TEXTS, 4000))]
     tok = M.train_tokenizer(texts, 2000)
     tok.save(d + "/tokenizer.json")
     ours, _ = M.load_pretrained(d, verbose=False)
@@ -107,6 +108,7 @@ def main():
     model, mtok = M.load_pretrained(path, verbose=False)
     model.to(dev).eval()
     st = SentenceTransformer(path, device=dev.type)
+    texts = texts[:TEXTS]
     t_st = timed(lambda: st.encode(texts, batch_size=32), 3)
     t_ours = timed(lambda: E.encode(texts, model, mtok, dtype=torch.bfloat16 if dev.type == "cuda" else None), 3)
     t_ours32 = timed(lambda: E.encode(texts, model, mtok), 3)
