@@ -147,6 +147,8 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1) -> dict:
     anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
     ids = [anchors, batch["positives"]]
     lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"]]).numpy()
+    if not cfg.contrastive:  # MLM alone (Fig. 3's ablation) has no use for the positives
+        lengths = lengths[:n_a]
     labels = batch["mlm_labels"].to(device)
     n_masked = (labels != -100).sum().float()
     if world > 1:
