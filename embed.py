@@ -79,10 +79,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     while i < len(order):
         T = len(pieces[order[i]])
         j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-        ids = torch.full((j - i, T), sp["pad"], dtype=torch.long)
-        mask = torch.zeros((j - i, T), dtype=torch.long)
-        for r, k in enumerate(order[i:j]):
-            ids[r, :len(pieces[k])], mask[r, :len(pieces[k])] = torch.tensor(pieces[k]), 1
+        ids, mask = M.pad_rows([pieces[k] for k in order[i:j]], sp["pad"])
         with autocast:
             emb = model.embed(ids.to(device), mask.to(device))
         out[order[i:j]] = emb.float().cpu().numpy()

@@ -367,15 +367,20 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return out
 
 
-def batch_encode(tok: Tokenizer, texts: list[str], max_tokens: int, pad_id: int):
-    """Texts -> (B, T) ids and mask, padded to the longest; over-long texts keep their final special token."""
-    rows = [e.ids if len(e.ids) <= max_tokens else e.ids[:max_tokens - 1] + e.ids[-1:] for e in tok.encode_batch(texts)]
+def pad_rows(rows: list[list[int]], pad_id: int):
+    """Token id lists -> (B, T) ids and 0/1 mask, padded on the right to the longest."""
     T = max(map(len, rows), default=0)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
     return ids, mask
+
+
+def batch_encode(tok: Tokenizer, texts: list[str], max_tokens: int, pad_id: int):
+    """Texts -> (B, T) ids and mask, padded to the longest; over-long texts keep their final special token."""
+    rows = [e.ids if len(e.ids) <= max_tokens else e.ids[:max_tokens - 1] + e.ids[-1:] for e in tok.encode_batch(texts)]
+    return pad_rows(rows, pad_id)
 
 
 def train_tokenizer(texts, vocab_size: int) -> Tokenizer:
@@ -459,7 +464,7 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     """A config dataclass from the command line: one flag per field (or a positional list for the fields
     named in `positional`), its comment as help, every default shown."""
     notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
-    ap = argparse.ArgumentParser(description=doc)
+    ap, lists = argparse.ArgumentParser(description=doc), set()
     for f in fields(cls):
         if f.name in positional:
             ap.add_argument(f.name, nargs="+", help=notes.get(f.name, ""))
@@ -470,13 +475,14 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
             kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(default, list):  # --data a b, or --model a --model b
             kw.update(nargs="+", type=str, action="extend", default=None)
+            lists.add(f.name)
         else:
             kw["type"] = type(default) if default is not None else str
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
         ap.add_argument("--" + f.name.replace("_", "-"), **kw)
-    args = {k: ([] if v is None and isinstance(getattr(cls(), k), list) else v) for k, v in vars(ap.parse_args(argv)).items()}
-    return cls(**args)
+    args = vars(ap.parse_args(argv))
+    return cls(**{k: [] if k in lists and v is None else v for k, v in args.items()})
 
 
 def _write_atomic(path: Path, write):

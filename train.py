@@ -270,8 +270,12 @@ def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, ext
     return final
 
 
-def load_checkpoint(path: Path, model, opt):
-    state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+def read_train_state(path: Path) -> dict:
+    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+
+
+def load_checkpoint(path: Path, model, opt, state: dict | None = None):
+    state = state or read_train_state(path)
     loaded, _ = M.load_pretrained(str(path), verbose=False)
     model.load_state_dict(loaded.state_dict())
     opt.load_state_dict(state["optimizer"])
@@ -355,9 +359,10 @@ def run(cfg, rank, local, world, device):
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or "runs/declutr")
     out = Path(cfg.out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
-    if (cfg.resume or restarted) and checkpoints(out):
-        stored = torch.load(checkpoints(out)[-1] / "train_state.pt", map_location="cpu", weights_only=True)["config"]
-        cfg = TrainConfig(**{**stored, "resume": True})  # the run goes on exactly as it was configured
+    newest = (checkpoints(out) or [None])[-1] if cfg.resume or restarted else None
+    if newest:
+        state = read_train_state(newest)
+        cfg = TrainConfig(**{**state["config"], "resume": True})  # the run goes on exactly as it was configured
     elif cfg.resume and not restarted:
         raise TrainError(f"{out}: no checkpoint to resume from")
     elif out.exists() and any(out.iterdir()):
@@ -387,10 +392,10 @@ def run(cfg, rank, local, world, device):
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
     opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     step, best = 0, -1.0
-    if cfg.resume and checkpoints(out):
-        state = load_checkpoint(checkpoints(out)[-1], model, opt)
+    if newest:
+        load_checkpoint(newest, model, opt, state)
         step, best = state["step"], state.get("best", -1.0)
-        say(rank, f"resuming at step {step} from {checkpoints(out)[-1]}")
+        say(rank, f"resuming at step {step} from {newest}")
         if rank == 0 and (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they rerun
             lines = (out / "metrics.jsonl").read_text().splitlines()
             (out / "metrics.jsonl").write_text("".join(l + "\n" for l in lines if json.loads(l)["step"] <= step))
@@ -402,7 +407,7 @@ def run(cfg, rank, local, world, device):
         pairs = evaluate_sts.load_stsb_dev(cfg.eval_data)
         evaluate = lambda: evaluate_sts.spearman_of(model, tok, pairs)
     say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} documents")
-    t0, tokens, start, last_good = time.time(), 0, step, (checkpoints(out) or [None])[-1]
+    t0, tokens, start, last_good = time.time(), 0, step, newest
     for batch in S.make_loader(batches, step, total, cfg.workers):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, cfg)
