@@ -25,13 +25,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import hub as H
 import model as M
+from common import UserError, cli, parse_config, write_atomic
 
 
 @dataclass
 class EmbedConfig:
     model: str = ""  # hub id or local Hugging Face directory
-    inputs: list = field(default_factory=list)  # .txt (a text per line, empty lines kept), .jsonl (field text), - for stdin
+    inputs: list = field(default_factory=list)  # .txt (a text a line, empty lines too), .jsonl (field text), - (stdin)
     output: str = "embeddings.npy"  # written under a temporary name, renamed when complete
     format: str = field(default="npy", metadata={"choices": ["npy", "jsonl"]})  # npy: float32 (texts, hidden)
     normalize: bool = False  # unit vectors, so that dot products are cosines
@@ -39,11 +41,7 @@ class EmbedConfig:
     batch_tokens: int = 0  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
     block: int = 16384  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    dtype: str = field(default="auto", metadata={"choices": ["auto", "fp32", "bf16", "fp16"]})  # auto: fp32 (bf16/fp16 on GPUs)
-
-
-class EmbedError(ValueError):
-    """Input that cannot be embedded; the message is one line meant for the user."""
+    dtype: str = field(default="auto", metadata={"choices": ["auto", "fp32", "bf16", "fp16"]})  # auto: fp32, GPU bf16
 
 
 def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
@@ -65,7 +63,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     """Mean-pooled embeddings (len(texts), hidden) in input order, float32."""
     device = next(model.parameters()).device
     batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
-    sp, max_tokens = M.special_ids(tok), model.config.max_tokens
+    sp, max_tokens = H.special_ids(tok), model.config.max_tokens
     encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
     pieces, owner = [], []
     for i, e in enumerate(encodings):
@@ -79,7 +77,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     while i < len(order):
         T = len(pieces[order[i]])
         j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-        ids, mask = M.pad_rows([pieces[k] for k in order[i:j]], sp["pad"])
+        ids, mask = H.pad_rows([pieces[k] for k in order[i:j]], sp["pad"])
         with autocast:
             emb = model.embed(ids.to(device), mask.to(device))
         out[order[i:j]] = emb.float().cpu().numpy()
@@ -100,7 +98,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
 
 
 def read_texts(path: Path, stdin_copy: Path | None = None):
-    """Yield the texts of one input in order; a clear EmbedError for what cannot be read."""
+    """Yield the texts of one input in order; a clear UserError for what cannot be read."""
     src = stdin_copy if str(path) == "-" else path
     name = "stdin" if str(path) == "-" else str(path)
     try:
@@ -109,7 +107,7 @@ def read_texts(path: Path, stdin_copy: Path | None = None):
                 try:
                     line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
                 except UnicodeDecodeError as e:
-                    raise EmbedError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+                    raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
                 if not name.endswith(".jsonl"):
                     yield line
                 elif line.strip():
@@ -118,10 +116,10 @@ def read_texts(path: Path, stdin_copy: Path | None = None):
                     except (json.JSONDecodeError, KeyError, TypeError):
                         text = None
                     if not isinstance(text, str):
-                        raise EmbedError(f"{name}:{n}: not a JSON object with a string field 'text'")
+                        raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
                     yield text
     except OSError as e:
-        raise EmbedError(f"{name}: cannot read ({e.strerror})") from None
+        raise UserError(f"{name}: cannot read ({e.strerror})") from None
 
 
 def _blocks(cfg, stdin_copy):
@@ -136,19 +134,42 @@ def _blocks(cfg, stdin_copy):
         yield block
 
 
-def run(cfg: EmbedConfig):
-    out = Path(cfg.output)
-    for p in cfg.inputs:
-        if p != "-" and not Path(p).is_file():
-            raise EmbedError(f"{p}: no such file")
-    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
-        raise EmbedError(f"{out}: cannot write into {out.parent}")
+def device_and_dtype(cfg: EmbedConfig):
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     dtype = {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
     if dtype is not None and device.type == "cpu":
-        raise EmbedError(f"--dtype {cfg.dtype} is for GPUs; on a CPU embeddings are computed in fp32")
+        raise UserError(f"--dtype {cfg.dtype} is for GPUs; on a CPU embeddings are computed in fp32")
     if cfg.dtype == "auto" and device.type == "cuda":
         dtype = torch.bfloat16
+    return device, dtype
+
+
+def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progress):
+    """Every block's embeddings appended to the open file f, in input order (npy: the header first)."""
+    if cfg.format == "npy":  # the row count is known, so the header can come before the rows
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (n, model.config.hidden_size)})
+    for block in _blocks(cfg, stdin_copy):
+        emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long, normalize=cfg.normalize,
+                     dtype=dtype, progress=progress)
+        if cfg.format == "npy":
+            f.write(emb.astype("<f4").tobytes())
+        else:
+            f.writelines((json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n").encode() for e in emb)
+
+
+@cli
+def main(argv=None):
+    cfg = parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
+    out = Path(cfg.output)
+    if not cfg.model:
+        raise UserError("no --model given: a hub id or a local Hugging Face directory")
+    for p in cfg.inputs:
+        if p != "-" and not Path(p).is_file():
+            raise UserError(f"{p}: no such file")
+    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
+        raise UserError(f"{out}: cannot write into {out.parent}")
+    device, dtype = device_and_dtype(cfg)
     model, tok = M.load_pretrained(cfg.model, verbose=False)
     model.to(device)
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -159,8 +180,7 @@ def run(cfg: EmbedConfig):
                 shutil.copyfileobj(sys.stdin.buffer, f)
         n = sum(sum(1 for _ in read_texts(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
         if n == 0:
-            raise EmbedError(f"{', '.join(cfg.inputs)}: no texts")
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            raise UserError(f"{', '.join(cfg.inputs)}: no texts")
         done, t0, tty = 0, time.time(), sys.stderr.isatty()
 
         def progress(k):
@@ -169,37 +189,16 @@ def run(cfg: EmbedConfig):
             if tty:
                 print(f"\rembedding {done:,}/{n:,} texts, {done / (time.time() - t0):,.0f}/s", end="", file=sys.stderr)
 
-        try:
+        def write(tmp: Path):
             with open(tmp, "wb") as f:
-                if cfg.format == "npy":  # the header first (the row count is known), then rows as they come
-                    np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
-                                                             "shape": (n, model.config.hidden_size)})
-                for block in _blocks(cfg, stdin_copy):  # blocks come in input order: rows are appended
-                    emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long,
-                                 normalize=cfg.normalize, dtype=dtype, progress=progress)
-                    if cfg.format == "npy":
-                        f.write(emb.astype("<f4").tobytes())
-                    else:
-                        f.writelines((json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n").encode()
-                                     for e in emb)
-            os.replace(tmp, out)  # only a complete output gets the name the user asked for
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+                write_rows(f, cfg, n, model, tok, dtype, stdin_copy, progress)
+
+        write_atomic(out, write)  # only a complete output gets the name the user asked for
         if tty:
             print(file=sys.stderr)
-    print(f"wrote {out}: {n:,} x {model.config.hidden_size} ({time.time() - t0:.1f}s, {n / (time.time() - t0):,.0f} texts/s)",
+    seconds = time.time() - t0
+    print(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)",
           file=sys.stderr)
-
-
-def main(argv=None):
-    cfg = M.parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
-    try:
-        if not cfg.model:
-            raise EmbedError("no --model given: a hub id or a local Hugging Face directory")
-        run(cfg)
-    except (EmbedError, M.ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
 
 
 if __name__ == "__main__":

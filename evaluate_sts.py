@@ -14,10 +14,8 @@ and the DeCLUTR paper report).
     python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
 """
 import io
-import json
 import os
 import re
-import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ import torch
 
 import embed as E
 import model as M
+from common import UserError, cache_dir, cli, offline, parse_config, write_atomic, write_json
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
@@ -43,116 +42,8 @@ class EvalConfig:
     batch_tokens: int = 0  # embed.py's token budget per batch (0: its default)
 
 
-class EvalError(ValueError):
-    """Input that cannot be evaluated; the message is one line meant for the user."""
-
-
 # -----------------------------------------------------------------------------------------------
-# Reading the tasks. Each reader returns (sentences a, sentences b, gold scores).
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8", errors="replace").splitlines()
-
-
-def read_stsb(path: Path):
-    """genre, file, year, id, score, sentence 1, sentence 2 [, extra columns]; tab-separated, no quoting."""
-    a, b, gold = [], [], []
-    for n, line in enumerate(_lines(path), 1):
-        cols = line.split("\t")
-        if len(cols) < 7:
-            raise EvalError(f"{path}:{n}: expected 7 tab-separated columns, found {len(cols)}")
-        gold.append(float(cols[4]))
-        a.append(cols[5])
-        b.append(cols[6])
-    return a, b, np.array(gold)
-
-
-def read_sick(path: Path, split: str):
-    """SICK files carry a header; the full SICK.txt names each pair's split in SemEval_set."""
-    rows = [line.split("\t") for line in _lines(path) if line.strip()]
-    head = rows[0]
-    try:
-        ia, ib, ig = head.index("sentence_A"), head.index("sentence_B"), head.index("relatedness_score")
-    except ValueError:
-        raise EvalError(f"{path}: no sentence_A, sentence_B and relatedness_score columns in the header") from None
-    keep = {"dev": "TRIAL", "test": "TEST"}[split]
-    iset = head.index("SemEval_set") if "SemEval_set" in head else None
-    rows = [r for r in rows[1:] if iset is None or r[iset].strip() == keep]
-    return [r[ia] for r in rows], [r[ib] for r in rows], np.array([float(r[ig]) for r in rows])
-
-
-def read_semeval(inp: Path, gs: Path):
-    """STS.input.NAME.txt (two sentences, maybe more columns) beside STS.gs.NAME.txt; an empty gold line
-    marks a pair without a score, which is left out."""
-    pairs, golds = _lines(inp), _lines(gs)
-    if len(pairs) != len(golds):
-        raise EvalError(f"{gs}: {len(golds)} scores for the {len(pairs)} pairs of {inp.name}")
-    a, b, gold = [], [], []
-    for n, (p, g) in enumerate(zip(pairs, golds), 1):
-        if not g.strip():
-            continue
-        cols = p.split("\t")
-        if len(cols) < 2:
-            raise EvalError(f"{inp}:{n}: expected two tab-separated sentences")
-        a.append(cols[0])
-        b.append(cols[1])
-        gold.append(float(g))
-    return a, b, np.array(gold)
-
-
-def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
-    """{task: {subset: (a, b, gold)}} for every task whose files are under root."""
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    named = lambda name: next((p for p in files if p.name == name), None)
-    tasks = {}
-    if stsb := named(f"sts-{split}.csv"):
-        tasks["STSB"] = {"": read_stsb(stsb)}
-    if sick := named({"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]) or named("SICK.txt"):
-        tasks["SICKR"] = {"": read_sick(sick, split)}
-    if split == "test":
-        for year in range(12, 17):
-            subsets = {}
-            for inp in files:
-                m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
-                folder = inp.parent.name
-                if m and (folder == f"STS{year}" or folder.startswith(f"STS{year}-")):
-                    gs = inp.with_name(f"{m[1]}.gs.{m[2]}.txt")
-                    if gs.exists():  # an input without gold scores cannot be scored
-                        subsets[m[2]] = read_semeval(inp, gs)
-            if subsets:
-                tasks[f"STS{year}"] = subsets
-    return tasks
-
-
-def download_stsb() -> Path:
-    """The STS Benchmark's three files, fetched once into the cache ($DECLUTR_STSB_URL overrides the source)."""
-    url = os.environ.get("DECLUTR_STSB_URL", STSB_URL)
-    d = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr" / "stsbenchmark"
-    if (d / "sts-test.csv").exists():
-        return d
-    how = "pass --data with a folder holding sts-dev.csv and sts-test.csv"
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise EvalError(f"offline (HF_HUB_OFFLINE is set) and the STS Benchmark is not in {d}; {how}")
-    try:
-        data = urllib.request.urlopen(url, timeout=60).read()
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            found = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-            want = ("sts-train.csv", "sts-dev.csv", "sts-test.csv")
-            if not all(w in found for w in want):
-                raise EvalError(f"{url}: no {', '.join(want)} in the archive; {how}")
-            d.mkdir(parents=True, exist_ok=True)
-            for w in want:  # by name only: nothing in the archive chooses where a file lands
-                tmp = d / f"{w}.tmp"
-                tmp.write_bytes(tar.extractfile(found[w]).read())
-                os.replace(tmp, d / w)
-    except (urllib.error.URLError, OSError, tarfile.TarError) as e:
-        raise EvalError(f"cannot download the STS Benchmark from {url} ({getattr(e, 'reason', e)}); {how}") from None
-    return d
-
-
-# -----------------------------------------------------------------------------------------------
-# Scoring
+# Scoring: Spearman of cosine similarities against the gold scores
 
 
 def rankdata(x: np.ndarray) -> np.ndarray:
@@ -161,7 +52,7 @@ def rankdata(x: np.ndarray) -> np.ndarray:
     xs, ranks = x[order], np.empty(len(x))
     starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
     ends = np.r_[starts[1:], len(x)]
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         ranks[order[s:e]] = (s + e + 1) / 2
     return ranks
 
@@ -208,15 +99,6 @@ def score(model, tok, tasks, batch_tokens=0) -> dict:
     return out
 
 
-def load_stsb_dev(path):
-    """STS-B dev pairs from sts-dev.csv or a folder holding it (train.py's --eval-data)."""
-    p = Path(path)
-    found = p if p.is_file() else next(iter(sorted(p.rglob("sts-dev.csv"))), None)
-    if found is None:
-        raise EvalError(f"{path}: no sts-dev.csv")
-    return read_stsb(found)
-
-
 def spearman_of(model, tok, pairs) -> float:
     a, b, gold = pairs
     return 100 * spearman(cosines(model, tok, a, b), gold)
@@ -235,41 +117,159 @@ def table(results: dict) -> str:
                 cells.append("   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})")
             rows.append([f"{task} {agg}".strip(), str(first["n"])] + cells)
     head = ["task", "pairs"] + models
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows] +
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = [head, ["-" * w for w in widths]] + rows
+    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines] +
                      ["Spearman x 100 of cosine similarity (Pearson x 100)"])
 
 
-def main(argv=None):
-    cfg = M.parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
+# -----------------------------------------------------------------------------------------------
+# Reading the tasks, in their original layouts. Each reader returns (sentences a, sentences b, gold scores).
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def read_stsb(path: Path):
+    """genre, file, year, id, score, sentence 1, sentence 2 [, extra columns]; tab-separated, no quoting."""
+    a, b, gold = [], [], []
+    for n, line in enumerate(_lines(path), 1):
+        cols = line.split("\t")
+        if len(cols) < 7:
+            raise UserError(f"{path}:{n}: expected 7 tab-separated columns, found {len(cols)}")
+        gold.append(float(cols[4]))
+        a.append(cols[5])
+        b.append(cols[6])
+    return a, b, np.array(gold)
+
+
+def read_sick(path: Path, split: str):
+    """SICK files carry a header; the full SICK.txt names each pair's split in SemEval_set."""
+    rows = [line.split("\t") for line in _lines(path) if line.strip()]
+    head = rows[0]
     try:
-        if not cfg.model:
-            raise EvalError("no --model given")
-        root = Path(cfg.data) if cfg.data else download_stsb()
-        if not root.is_dir():
-            raise EvalError(f"{root}: not a directory")
-        tasks = find_tasks(root, cfg.split)
-        if cfg.tasks:
-            unknown = set(cfg.tasks) - {"STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16"}
-            if unknown:
-                raise EvalError(f"unknown tasks {', '.join(sorted(unknown))}")
-            tasks = {t: v for t, v in tasks.items() if t in cfg.tasks}
-        if not tasks:
-            raise EvalError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
-                            + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        results = {}
-        for name in cfg.model:
-            model, tok = M.load_pretrained(name, verbose=False)
-            results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens)
-        print(table(results))
-        if cfg.json:  # an undefined correlation (one scored pair) is null, as JSON has no NaN
-            clean = lambda v: {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else (None if v != v else v)
-            Path(cfg.json).write_text(json.dumps(clean(results if len(results) > 1 else results[cfg.model[0]]), indent=2) + "\n")
-    except (EvalError, M.ModelError, E.EmbedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        ia, ib, ig = head.index("sentence_A"), head.index("sentence_B"), head.index("relatedness_score")
+    except ValueError:
+        raise UserError(f"{path}: no sentence_A, sentence_B and relatedness_score columns in the header") from None
+    keep = {"dev": "TRIAL", "test": "TEST"}[split]
+    iset = head.index("SemEval_set") if "SemEval_set" in head else None
+    rows = [r for r in rows[1:] if iset is None or r[iset].strip() == keep]
+    return [r[ia] for r in rows], [r[ib] for r in rows], np.array([float(r[ig]) for r in rows])
+
+
+def read_semeval(inp: Path, gs: Path):
+    """STS.input.NAME.txt (two sentences, maybe more columns) beside STS.gs.NAME.txt; an empty gold line
+    marks a pair without a score, which is left out."""
+    pairs, golds = _lines(inp), _lines(gs)
+    if len(pairs) != len(golds):
+        raise UserError(f"{gs}: {len(golds)} scores for the {len(pairs)} pairs of {inp.name}")
+    a, b, gold = [], [], []
+    for n, (p, g) in enumerate(zip(pairs, golds, strict=True), 1):
+        if not g.strip():
+            continue
+        cols = p.split("\t")
+        if len(cols) < 2:
+            raise UserError(f"{inp}:{n}: expected two tab-separated sentences")
+        a.append(cols[0])
+        b.append(cols[1])
+        gold.append(float(g))
+    return a, b, np.array(gold)
+
+
+def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
+    """{task: {subset: (a, b, gold)}} for every task whose files are under root."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+
+    def named(name):
+        return next((p for p in files if p.name == name), None)
+
+    tasks = {}
+    if stsb := named(f"sts-{split}.csv"):
+        tasks["STSB"] = {"": read_stsb(stsb)}
+    if sick := named({"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]) or named("SICK.txt"):
+        tasks["SICKR"] = {"": read_sick(sick, split)}
+    if split == "test":
+        for year in range(12, 17):
+            subsets = {}
+            for inp in files:
+                m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
+                folder = inp.parent.name
+                if m and (folder == f"STS{year}" or folder.startswith(f"STS{year}-")):
+                    gs = inp.with_name(f"{m[1]}.gs.{m[2]}.txt")
+                    if gs.exists():  # an input without gold scores cannot be scored
+                        subsets[m[2]] = read_semeval(inp, gs)
+            if subsets:
+                tasks[f"STS{year}"] = subsets
+    return tasks
+
+
+def download_stsb() -> Path:
+    """The STS Benchmark's three files, fetched once into the cache ($DECLUTR_STSB_URL overrides the source)."""
+    url = os.environ.get("DECLUTR_STSB_URL", STSB_URL)
+    d = cache_dir() / "stsbenchmark"
+    if (d / "sts-test.csv").exists():
+        return d
+    how = "pass --data with a folder holding sts-dev.csv and sts-test.csv"
+    if offline():
+        raise UserError(f"offline (HF_HUB_OFFLINE is set) and the STS Benchmark is not in {d}; {how}")
+    try:
+        data = urllib.request.urlopen(url, timeout=60).read()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            found = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+            want = ("sts-train.csv", "sts-dev.csv", "sts-test.csv")
+            if not all(w in found for w in want):
+                raise UserError(f"{url}: no {', '.join(want)} in the archive; {how}")
+            d.mkdir(parents=True, exist_ok=True)
+            for w in want:  # by name only: nothing in the archive chooses where a file lands
+                data = tar.extractfile(found[w]).read()
+                write_atomic(d / w, lambda tmp, data=data: tmp.write_bytes(data))
+    except (urllib.error.URLError, OSError, tarfile.TarError) as e:
+        raise UserError(f"cannot download the STS Benchmark from {url} ({getattr(e, 'reason', e)}); {how}") from None
+    return d
+
+
+def load_stsb_dev(path):
+    """STS-B dev pairs from sts-dev.csv or a folder holding it (train.py's --eval-data)."""
+    p = Path(path)
+    found = p if p.is_file() else next(iter(sorted(p.rglob("sts-dev.csv"))), None)
+    if found is None:
+        raise UserError(f"{path}: no sts-dev.csv")
+    return read_stsb(found)
+
+
+def no_nan(v):
+    """JSON has no NaN: an undefined correlation (one scored pair) is written as null."""
+    if isinstance(v, dict):
+        return {k: no_nan(x) for k, x in v.items()}
+    return None if v != v else v
+
+
+@cli
+def main(argv=None):
+    cfg = parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
+    if not cfg.model:
+        raise UserError("no --model given")
+    root = Path(cfg.data) if cfg.data else download_stsb()
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory")
+    tasks = find_tasks(root, cfg.split)
+    if cfg.tasks:
+        unknown = set(cfg.tasks) - {"STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16"}
+        if unknown:
+            raise UserError(f"unknown tasks {', '.join(sorted(unknown))}")
+        tasks = {t: v for t, v in tasks.items() if t in cfg.tasks}
+    if not tasks:
+        raise UserError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
+                        + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = {}
+    for name in cfg.model:
+        model, tok = M.load_pretrained(name, verbose=False)
+        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens)
+    print(table(results))
+    if cfg.json:
+        write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 
 
 if __name__ == "__main__":

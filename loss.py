@@ -10,10 +10,7 @@ positive, the mean of its P positive span embeddings, and every other embedding 
 over the 2AN embeddings z = [anchors; mean positives], taken both ways (anchor -> positive and
 positive -> anchor) and averaged over the 2AN terms.
 
-Across GPUs, the embeddings of every rank are gathered so that all of them serve as negatives. The gather
-passes gradients back to the rank that computed each slice, summed over the ranks that used it, so that under
-gradient averaging (DDP's, or train.py's) the gradient equals that of one process holding the whole batch:
-the original needed a separate x world_size fix for exactly this.
+Across GPUs, the embeddings of every rank are gathered so that all of them serve as negatives (`gather`, below).
 
     from loss import nt_xent
     loss = nt_xent(anchors, positives)        # anchors (M, d), positives (M, P, d) or (M, d)
@@ -21,6 +18,41 @@ the original needed a separate x world_size fix for exactly this.
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+
+def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float = 0.05,
+            across_ranks: bool = True) -> torch.Tensor:
+    """The scalar NT-Xent loss of §3.2: anchors (M, d), positives (M, P, d) or (M, d), local to this rank."""
+    # §3.2: "we average the positive embeddings": one positive per anchor, robust to an unlucky short span
+    if positives.dim() == 3:
+        positives = positives.mean(dim=1)  # (M, d)
+    # Many processes: every rank's embeddings join the batch, so every one of them is a negative everywhere
+    if across_ranks:
+        anchors, positives = gather(anchors), gather(positives)
+    m = anchors.shape[0]
+    # Cosine similarity of every pair of the 2M embeddings, divided by tau. In fp32 even under bf16 autocast:
+    # cosines divided by 0.05 need more than bf16's three significant digits.
+    with torch.autocast(anchors.device.type, enabled=False):
+        z = torch.cat([anchors, positives])
+        z = F.normalize(z.to(torch.promote_types(z.dtype, torch.float32)), dim=-1)  # (2M, d) unit rows
+        sim = z @ z.T / temperature  # (2M, 2M); a small tau sharpens the softmax so hard negatives dominate
+    # An embedding is never its own negative: leave the diagonal out of every denominator
+    sim = sim.masked_fill(torch.eye(2 * m, dtype=torch.bool, device=sim.device), float("-inf"))
+    # Row i's target is its partner: anchor i -> positive i (column m + i), and positive i -> anchor i
+    targets = torch.cat([torch.arange(m, 2 * m), torch.arange(0, m)]).to(sim.device)
+    # Cross-entropy over each row is l(i, j) above; its mean runs over the 2M terms, both directions
+    return F.cross_entropy(sim, targets)
+
+
+# -----------------------------------------------------------------------------------------------
+# The gather across ranks, with the gradient of one process holding the whole batch
+
+
+def gather(x: torch.Tensor) -> torch.Tensor:
+    """(n, d) on each rank -> (world * n, d), rank order; identity on a single process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    return _Gather.apply(x)
 
 
 class _Gather(torch.autograd.Function):
@@ -35,35 +67,13 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # Every rank computes the same global loss from the same gathered embeddings, but only this rank can carry
+        # the gradient of its own slice back into its encoder. Each rank's loss holds a gradient for this slice
+        # (through its negatives too), so the all-reduce sums the world's copies of it here. Averaging the weight
+        # gradients over ranks (DDP does, so does train.py) then divides that sum by world size again: exactly the
+        # gradient of one process holding the whole batch. With a plain all_gather each rank would keep only its
+        # own copy, averaging would leave 1/world of that gradient, and a separate x world_size fix (the
+        # original's) would have to make it up.
         grad = grad.contiguous()
-        # Every rank computed the same global loss; each one's gradient for this rank's slice is summed here.
-        # Gradients are then averaged over ranks (DDP or train.py), which turns this sum back into exactly
-        # one copy of the global gradient.
         dist.all_reduce(grad)
         return grad[ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n]
-
-
-def gather(x: torch.Tensor) -> torch.Tensor:
-    """(n, d) on each rank -> (world * n, d), rank order; identity on a single process."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return x
-    return _Gather.apply(x)
-
-
-def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float = 0.05,
-            across_ranks: bool = True) -> torch.Tensor:
-    """The scalar NT-Xent loss of §3.2: anchors (M, d), positives (M, P, d) or (M, d), local to this rank."""
-    if positives.dim() == 3:
-        # §3.2: "we average the positive embeddings" - one positive per anchor, robust to an unlucky short span
-        positives = positives.mean(dim=1)  # (M, d)
-    if across_ranks:
-        anchors, positives = gather(anchors), gather(positives)
-    m = anchors.shape[0]
-    with torch.autocast(anchors.device.type, enabled=False):  # cosines / 0.05 need fp32, not bf16's 3 digits
-        z = torch.cat([anchors, positives])
-        z = F.normalize(z.to(torch.promote_types(z.dtype, torch.float32)), dim=-1)  # (2M, d) unit rows: dot = cosine
-        sim = z @ z.T / temperature  # (2M, 2M)
-    # A small tau sharpens the softmax so that hard negatives dominate (SimCLR; DeCLUTR uses 0.05).
-    sim = sim.masked_fill(torch.eye(2 * m, dtype=torch.bool, device=sim.device), float("-inf"))  # never itself
-    targets = torch.cat([torch.arange(m, 2 * m), torch.arange(0, m)]).to(sim.device)  # anchor <-> its positive
-    return F.cross_entropy(sim, targets)  # mean over the 2M terms, both directions

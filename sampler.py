@@ -10,17 +10,17 @@ The corpus is tokenised once with the model's own tokenizer into one flat token 
 (a numpy memmap, cached by the files' names, sizes and times and the tokenizer), so "length" always means
 the model's tokens and sampling never tokenises. Every batch is a pure function of (seed, epoch, rank, step).
 
-    python sampler.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/corpus/gutenberg
-    python sampler.py --model distilroberta-base --data docs/ notes.jsonl.gz --show 2
+    python sampler.py --model distilroberta-base --data docs/ notes.jsonl.gz --show 2   # step 0's spans, as text
+    python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
+    python sampler.py --help                                                          # every flag and default
 """
 import array
 import codecs
+import collections
 import gzip
 import hashlib
 import io
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import hub as H
 import model as M
+from common import UserError, cache_dir, cli, parse_config, write_atomic
 
 
 @dataclass
@@ -49,10 +51,6 @@ class SamplerConfig:
     show: int = 1  # (CLI) print the spans of this many documents of step 0
 
 
-class SamplerError(ValueError):
-    """Input that cannot be used; the message is one line meant for the user."""
-
-
 # -----------------------------------------------------------------------------------------------
 # Sampling: the method itself, as pure functions.
 
@@ -66,16 +64,26 @@ def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng):
     blocks = n_tokens // max_len
     if blocks < 2 * num_anchors - 1 or min_len > max_len:
         raise ValueError(f"{n_tokens} tokens cannot hold {num_anchors} anchors of up to {max_len} tokens")
-    # A distinct, non-neighbouring blocks of l_max tokens, uniformly: choose from blocks-(A-1), then spread.
+    # Each anchor lies inside its own block of l_max tokens, and no two anchors' blocks are neighbours. A positive
+    # reaches at most l_max tokens past its anchor, so it can never overlap another anchor: the document's other
+    # anchors stay true (hard) negatives.
+    # Choosing A non-neighbouring blocks out of `blocks` is choosing A distinct numbers out of blocks - (A - 1) and
+    # adding 0, 1, ..., A-1 to them in sorted order (one gap after each pick). The two are in one-to-one
+    # correspondence, so a uniform draw of the numbers is a uniform draw over every valid placement.
     picks = np.sort(rng.choice(blocks - (num_anchors - 1), size=num_anchors, replace=False)) + np.arange(num_anchors)
     out = []
     for b in picks:
-        la = span_length(rng, 4, 2, min_len, max_len)  # §3.2: anchors skew long, Beta(4, 2)
+        # §3.2: the anchor's length is floor(p * (l_max - l_min) + l_min) with p ~ Beta(4, 2): anchors skew long
+        la = span_length(rng, 4, 2, min_len, max_len)
+        # Its start: anywhere in its block that leaves room for the whole anchor
         sa = int(b) * max_len + int(rng.integers(0, max_len - la + 1))
         positives = []
         for _ in range(num_positives):
-            lp = span_length(rng, 2, 4, min_len, max_len)  # positives skew short, Beta(2, 4)
-            lo, hi = max(0, sa - lp), min(sa + la, n_tokens - lp)  # adjacent at either end, overlapping, or inside
+            # §3.2: a positive's length has q ~ Beta(2, 4) instead: positives skew short
+            lp = span_length(rng, 2, 4, min_len, max_len)
+            # Its start: uniform over every start at which it adjoins the anchor (ending where the anchor starts,
+            # or starting where it ends), overlaps it, or lies inside it, within the document
+            lo, hi = max(0, sa - lp), min(sa + la, n_tokens - lp)
             sp = int(rng.integers(lo, hi + 1))
             positives.append((sp, sp + lp))
         out.append(((sa, sa + la), positives))
@@ -115,9 +123,9 @@ def list_files(paths) -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
-            raise SamplerError(f"{p}: no such file or directory")
+            raise UserError(f"{p}: no such file or directory")
     if not files:
-        raise SamplerError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
+        raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
     return files
 
 
@@ -147,7 +155,7 @@ def read_documents(files, stats):
                     else:
                         stats["empty"] += 1
         except (OSError, EOFError) as e:
-            raise SamplerError(f"{f}: cannot read ({e})") from None
+            raise UserError(f"{f}: cannot read ({e})") from None
         if _count_replaced.n > before:
             stats["files_repaired"] += 1
             stats["bytes_replaced"] += _count_replaced.n - before
@@ -190,65 +198,78 @@ class Corpus:
         return len(self.lengths)
 
 
-def prepare_corpus(paths, tok, cache_dir: str = "", quiet: bool = False) -> Corpus:
+def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False) -> Corpus:
     """Tokenise the documents under `paths` once (batched over every core) into a cached memmap."""
     files = list_files(paths)
-    key = hashlib.sha256(tok.to_str().encode())
+    key = hashlib.sha256(tok.to_str().encode())  # the tokenizer, and each file's path, size and time
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    root = Path(cache_dir or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr")
-    out = root / f"corpus-{key.hexdigest()[:20]}"
+    out = cache_dir(cache) / f"corpus-{key.hexdigest()[:20]}"
     if (out / "meta.json").exists():
         corpus = Corpus(out)
         if not quiet:
             print(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
         return corpus
+    t0 = time.time()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    tmp.mkdir(exist_ok=True)
+    # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
+    # folder is kept
+    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, quiet), keep_existing=True)
+    corpus = Corpus(out)
+    if not quiet:
+        print(f"corpus: {corpus.meta['summary']} ({time.time() - t0:.1f}s, cached in {out})", file=sys.stderr)
+    return corpus
+
+
+def _tokenise(files, tok, folder: Path, quiet: bool):
+    """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
+    folder.mkdir()
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
     stats = dict(files=len(files), documents=0, empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
     offsets, t0, last = array.array("q", [0]), time.time(), 0.0  # 8 bytes a document
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
-
-    def flush(texts, f):
-        for e in encode(texts, add_special_tokens=False):
-            ids = np.asarray(e.ids, dtype=dtype)
-            f.write(ids.tobytes())
-            offsets.append(offsets[-1] + len(ids))
-
-    try:
-        with open(tmp / "tokens.bin", "wb") as f:
-            batch, chars = [], 0
-            for text in read_documents(files, stats):
-                batch.append(text)
-                chars += len(text)
-                if chars >= 1 << 24:  # ~16M characters at a time: memory stays bounded, every core stays busy
-                    flush(batch, f)
-                    batch, chars = [], 0
-                    if not quiet and time.time() - last > 2:
-                        last = time.time()
-                        print(f"corpus: {len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
-                              f"{offsets[-1] / (last - t0):,.0f} tokens/s", file=sys.stderr, flush=True)
-            flush(batch, f)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with open(folder / "tokens.bin", "wb") as f:
+        for texts in _batches(read_documents(files, stats), 1 << 24):
+            for e in encode(texts, add_special_tokens=False):
+                ids = np.asarray(e.ids, dtype=dtype)
+                f.write(ids.tobytes())
+                offsets.append(offsets[-1] + len(ids))
+            if not quiet and time.time() - last > 2:
+                last = time.time()
+                print(f"corpus: {len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
+                      f"{offsets[-1] / (last - t0):,.0f} tokens/s", file=sys.stderr, flush=True)
     stats["documents"], stats["tokens"] = len(offsets) - 1, offsets[-1]
-    np.save(tmp / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
+    np.save(folder / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
     summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
                f"{stats['empty']} empty, {stats['binary']} binary, {stats['malformed']} malformed; "
                f"{stats['bytes_replaced']} undecodable bytes replaced in {stats['files_repaired']} files")
     meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files])
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    try:
-        os.replace(tmp, out)  # a cache directory appears whole, or not at all
-    except OSError:  # another process finished the same corpus first
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not quiet:
-        print(f"corpus: {summary} ({time.time() - t0:.1f}s, cached in {out})", file=sys.stderr)
-    return Corpus(out)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _batches(texts, max_chars: int):
+    """Lists of texts of about `max_chars` characters (16M): memory stays bounded, every core stays busy."""
+    batch, chars = [], 0
+    for text in texts:
+        batch.append(text)
+        chars += len(text)
+        if chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def document_texts(paths, max_chars: int = 64 << 20):
+    """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
+    scratch learns from (64M characters are plenty for its vocabulary)."""
+    stats = collections.Counter()
+    for text in read_documents(list_files(paths), stats):
+        yield text[:max_chars]
+        max_chars -= len(text)
+        if max_chars <= 0:
+            return
 
 
 # -----------------------------------------------------------------------------------------------
@@ -258,7 +279,7 @@ def prepare_corpus(paths, tok, cache_dir: str = "", quiet: bool = False) -> Corp
 class SpanBatches(torch.utils.data.Dataset):
     def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1, quiet=False):
         self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
-        self.sp = M.special_ids(tok)
+        self.sp = H.special_ids(tok)
         self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.sp.values()))
         self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
         if self.max_span < cfg.max_span and not quiet:
@@ -269,12 +290,12 @@ class SpanBatches(torch.utils.data.Dataset):
         floor = 2 * A * cfg.min_span if cfg.scale_short_docs else self.need
         self.docs = np.flatnonzero(lengths >= floor)
         if len(self.docs) == 0:
-            raise SamplerError(f"no document has the {floor:,} tokens that {A} anchors need (2·A·l_max); the longest "
-                               f"has {int(lengths.max(initial=0)):,}. Lower --max-span or pass --scale-short-docs")
+            raise UserError(f"no document has the {floor:,} tokens that {A} anchors need (2·A·l_max); the longest "
+                            f"has {int(lengths.max(initial=0)):,}. Lower --max-span or pass --scale-short-docs")
         self.steps_per_epoch = len(self.docs) // world_size // cfg.docs_per_step
         if self.steps_per_epoch == 0:
-            raise SamplerError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
-                               f"documents on each of {world_size} ranks")
+            raise UserError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
+                            f"documents on each of {world_size} ranks")
         if not quiet:
             short = int((lengths < floor).sum())
             print(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
@@ -318,7 +339,7 @@ class SpanBatches(torch.utils.data.Dataset):
         """<s> span </s>, padded to the longest in the batch (the model computes only the real tokens)."""
         lengths = np.array([len(s) + 2 for s in spans], dtype=np.int64)
         ids = np.full((len(spans), lengths.max()), self.sp["pad"], dtype=np.int64)
-        for row, s in zip(ids, spans):
+        for row, s in zip(ids, spans, strict=True):
             row[0], row[1:len(s) + 1], row[len(s) + 1] = self.sp["cls"], s, self.sp["sep"]
         return ids, lengths
 
@@ -330,28 +351,26 @@ class SpanBatches(torch.utils.data.Dataset):
 def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
     """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k."""
     return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
-                                       num_workers=workers, persistent_workers=False, pin_memory=torch.cuda.is_available(),
-                                       prefetch_factor=4 if workers else None)
+                                       num_workers=workers, persistent_workers=False,
+                                       pin_memory=torch.cuda.is_available(), prefetch_factor=4 if workers else None)
 
 
+@cli
 def main(argv=None):
-    cfg = M.parse_config(SamplerConfig, argv, __doc__.split("\n\n")[0])
-    try:
-        if not cfg.data:
-            raise SamplerError("no --data given: pass .txt/.jsonl files or directories")
-        config, tok = M.load_config_and_tokenizer(cfg.model)
-        corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir)
-        batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
-    except (SamplerError, M.ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    b = batches[0]
-    A, P = cfg.num_anchors, cfg.num_positives
+    cfg = parse_config(SamplerConfig, argv, __doc__.split("\n\n")[0])
+    if not cfg.data:
+        raise UserError("no --data given: pass .txt/.jsonl files or directories")
+    config, tok = M.load_config_and_tokenizer(cfg.model)
+    batches = SpanBatches(prepare_corpus(cfg.data, tok, cfg.cache_dir), tok, cfg, config.max_tokens)
+    b, A, P = batches[0], cfg.num_anchors, cfg.num_positives
     print(f"step 0: {len(b['anchors'])} anchors of {b['anchor_lengths'].min()}-{b['anchor_lengths'].max()} tokens, "
           f"{len(b['positives'])} positives of {b['positive_lengths'].min()}-{b['positive_lengths'].max()}, "
           f"{int((b['mlm_labels'] != -100).sum())} MLM targets")
+
+    def clip(ids, n):  # a span's text without <s> and </s>, on one line
+        return tok.decode(ids[1:n - 1].tolist())[:160].replace("\n", " ")
+
     for k in range(min(cfg.show, len(b["anchors"]) // A) * A):
-        clip = lambda ids, n: tok.decode(ids[1:n - 1].tolist())[:160].replace("\n", " ")
         print(f"\ndocument {int(b['anchor_doc'][k])}, anchor {k % A}: {clip(b['anchors'][k], b['anchor_lengths'][k])}")
         for j in range(k * P, (k + 1) * P):
             print(f"  positive: {clip(b['positives'][j], b['positive_lengths'][j])}")

@@ -7,21 +7,21 @@ anchors in the same forward pass; AdamW (lr 5e-5, weight decay 0.1 except biases
 a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to norm 1.0, N=16 documents a step.
 
     python train.py                                   # the demo: a tiny model learns from Python's own docs, ~3 min
-    python train.py --model scratch:tiny --data ../shared/data/corpus/gutenberg --steps 200 --lr 1e-3 --out runs/tiny
+    python train.py --model scratch:tiny --data docs/ --steps 200 --lr 1e-3 --out runs/tiny
     python train.py --model distilroberta-base --data docs/ --out runs/declutr-small
     torchrun --nproc_per_node=4 train.py --model distilroberta-base --data owt/ --out runs/declutr-small
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=run1 \\
         train.py --model roberta-base --data owt/ --out runs/declutr-base
     python train.py --out runs/declutr-small --resume          # continue from the newest checkpoint
 """
+import functools
 import json
 import math
 import os
 import re
 import shutil
-import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,9 +30,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import hub as H
 import loss as L
 import model as M
 import sampler as S
+from common import UserError, cache_dir, cli, parse_config, write_atomic
 
 
 @dataclass
@@ -73,46 +75,122 @@ class TrainConfig:
     cache_dir: str = ""  # tokenised corpus cache (default ~/.cache/declutr)
 
 
-# `python train.py` with no data: a demo that needs nothing but Python. These replace the fields left at default.
-DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
-            ckpt_every=200)
-
-
-def demo_corpus(cache_dir: str) -> Path:
-    """Text that every Python installation carries, one document per file: the language reference's help
-    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
-    import ast
-    import sysconfig
-    from pydoc_data.topics import topics
-
-    root = Path(cache_dir or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr") / "demo-corpus"
-    if (root / "done").exists():
-        return root
-    root.mkdir(parents=True, exist_ok=True)
-    docs = {f"topic-{k}": v for k, v in topics.items()}
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
-            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
-    for name, text in docs.items():
-        if len(text) > 2000:
-            (root / f"{name}.txt").write_text(text, encoding="utf-8")
-    (root / "done").write_text("")
-    return root
-
-
-class TrainError(RuntimeError):
-    """A run that cannot go on; the message is one line meant for the user."""
-
-
 # -----------------------------------------------------------------------------------------------
-# One step
+# One step (§3): embed every span, NT-Xent between anchors and their positives, MLM on the anchors.
+
+
+def train_step(model, batch, cfg: TrainConfig, world: int = 1) -> dict:
+    """Forward and backward of this rank's documents; leaves its share of the global gradient in .grad."""
+    spans = Spans(batch, cfg, model, world)
+    # Spans of similar length run together, in chunks within a token budget (length_groups, below)
+    groups = length_groups(spans.lengths, cfg.chunk_tokens)
+    if cfg.grad_cache:
+        return grad_cache_step(model, spans, groups, cfg)
+    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, chunk by chunk
+    outs = [encode(model, spans, group, cfg) for group in groups]
+    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
+    emb = torch.cat([e for e, _ in outs])[spans.unsort(groups)]
+    # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
+    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
+    mlm = sum(m for _, m in outs)
+    # §3.3: one objective, contrastive + MLM, one backward
+    (contrastive + mlm).backward()
+    return spans.stats(contrastive, mlm, cfg)
+
+
+def grad_cache_step(model, spans, groups, cfg: TrainConfig) -> dict:
+    """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
+    # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
+    states, embs = [], []
+    with torch.no_grad():
+        for group in groups:
+            states.append(rng_state(spans.device))
+            embs.append(encode(model, spans, group, cfg, with_mlm=False)[0])
+    # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
+    emb = torch.cat(embs)[spans.unsort(groups)].requires_grad_()
+    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
+    grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
+    grad = grad[torch.as_tensor(np.concatenate(groups), device=spans.device)]
+    # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
+    # the chain rule through the embeddings, one chunk in memory at a time
+    mlm, at = 0.0, 0
+    for group, state in zip(groups, states, strict=True):
+        set_rng_state(state, spans.device)
+        e, m = encode(model, spans, group, cfg)
+        ((e * grad[at:at + len(group)]).sum() + m).backward()
+        mlm, at = mlm + m.detach(), at + len(group)
+    return spans.stats(contrastive, mlm, cfg)
+
+
+def encode(model, spans, group: np.ndarray, cfg: TrainConfig, with_mlm: bool = True):
+    """One chunk of spans -> their embeddings (g, d) and this rank's share of the MLM loss of the anchors among them."""
+    x, mask = spans.padded(group)  # (g, T)
+    with spans.autocast:
+        h = model(x, mask)  # (g, T, H)
+        emb = M.mean_pool(h, mask)  # (g, H)
+        mlm = h.new_zeros(())
+        is_anchor = group < spans.n_anchors
+        if cfg.mlm and with_mlm and is_anchor.any():
+            labels = spans.mlm_labels(group[is_anchor], x.shape[1])  # (ga, T)
+            pick = labels != -100
+            logits = model.mlm_logits(h[torch.as_tensor(is_anchor, device=x.device)][pick])  # (K, V): masked only
+            mlm = F.cross_entropy(logits.float(), labels[pick], reduction="sum") * spans.mlm_scale
+    return emb.float(), mlm
+
+
+def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
+    if not cfg.contrastive:
+        return emb.new_zeros(())
+    a, p = emb[:n_anchors], emb[n_anchors:]
+    return L.nt_xent(a, p.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
+
+
+class Spans:
+    """One step's spans as one list, anchors first (MLM-corrupted when MLM is on), then the positives."""
+
+    def __init__(self, batch, cfg: TrainConfig, model, world: int):
+        self.device = next(model.parameters()).device
+        self.pad, self.world, self.n_anchors = model.config.pad_token_id, world, len(batch["anchors"])
+        self.anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
+        self.positives = batch["positives"]
+        self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"]]).numpy()
+        if not cfg.contrastive:  # MLM alone (Fig. 3's ablation) has no use for the positives
+            self.lengths = self.lengths[:self.n_anchors]
+        self.labels = batch["mlm_labels"].to(self.device)
+        # MLM is a mean over the masked tokens of the whole global batch; gradients are averaged over ranks, so
+        # each rank's share is its sum divided by the global count over world.
+        n_masked = (self.labels != -100).sum().float()
+        if world > 1:
+            dist.all_reduce(n_masked)
+        self.mlm_scale = world / n_masked.clamp(min=1)
+        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and self.device.type == "cuda")
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def padded(self, group: np.ndarray):
+        """(g, T) ids and 0/1 mask of the spans in `group`, padded to the longest of them."""
+        T = int(self.lengths[group].max())
+        rows = [self.anchors[i, :T] if i < self.n_anchors else self.positives[i - self.n_anchors, :T] for i in group]
+        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad).to(self.device)
+        lengths = torch.as_tensor(self.lengths[group], device=self.device)
+        return x, (torch.arange(T, device=self.device)[None] < lengths[:, None]).long()
+
+    def mlm_labels(self, anchors: np.ndarray, T: int):
+        """(ga, T) MLM labels of these anchors, -100 where a token is not a target."""
+        labels = self.labels[torch.as_tensor(anchors, device=self.device), :T]
+        return F.pad(labels, (0, T - labels.shape[1]), value=-100)  # a positive may be longer than every anchor
+
+    def unsort(self, groups) -> torch.Tensor:
+        """The permutation from the chunks' order back to the batch's. np.concatenate(groups) lists, for each row of
+        the chunks' output, the span it holds; its inverse (argsort) lists, for each span, the row that holds it."""
+        return torch.as_tensor(np.argsort(np.concatenate(groups)), device=self.device)
+
+    def stats(self, contrastive, mlm, cfg: TrainConfig) -> dict:
+        """The step's losses for the log: contrastive (the same on every rank) and MLM averaged over ranks."""
+        mlm_log = torch.as_tensor(mlm, device=self.device).detach() / self.world
+        if self.world > 1:
+            dist.all_reduce(mlm_log)  # the global mean, for the log
+        return dict(tokens=int(self.lengths.sum()), contrastive=float(contrastive.detach()),
+                    mlm=float(mlm_log) if cfg.mlm else 0.0)
 
 
 def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list[np.ndarray]:
@@ -140,88 +218,6 @@ def set_rng_state(state, device):
         torch.cuda.set_rng_state(state[1], device)
 
 
-def train_step(model, batch, cfg: TrainConfig, world: int = 1) -> dict:
-    """Forward and backward of one batch; leaves this rank's share of the global gradient in .grad."""
-    device = next(model.parameters()).device
-    n_a, pad = len(batch["anchors"]), model.config.pad_token_id
-    anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
-    ids = [anchors, batch["positives"]]
-    lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"]]).numpy()
-    if not cfg.contrastive:  # MLM alone (Fig. 3's ablation) has no use for the positives
-        lengths = lengths[:n_a]
-    labels = batch["mlm_labels"].to(device)
-    n_masked = (labels != -100).sum().float()
-    if world > 1:
-        dist.all_reduce(n_masked)
-    # MLM is a mean over the masked tokens of the whole global batch; gradients are averaged over ranks, so
-    # each rank's share is its sum divided by the global count over world.
-    mlm_scale = world / n_masked.clamp(min=1)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bf16" or
-                              (cfg.dtype == "auto" and device.type == "cuda"))
-
-    def run(group, grad: bool):
-        """One length group -> (embeddings (g, d), this rank's MLM loss share)."""
-        T = int(lengths[group].max())
-        rows = [ids[0][i, :T] if i < n_a else ids[1][i - n_a, :T] for i in group]
-        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad).to(device)  # (g, T)
-        mask = (torch.arange(T, device=device)[None] < torch.as_tensor(lengths[group], device=device)[:, None]).long()
-        with autocast:
-            h = model(x, mask)  # (g, T, H)
-            emb = M.mean_pool(h, mask)
-            mlm = h.new_zeros(())
-            is_anchor = torch.as_tensor(group < n_a, device=device)
-            if cfg.mlm and grad and is_anchor.any():
-                lab = labels[torch.as_tensor(group[group < n_a], device=device), :T]  # (ga, <=T)
-                lab = F.pad(lab, (0, T - lab.shape[1]), value=-100)  # a positive may be longer than every anchor
-                pick = lab != -100
-                logits = model.mlm_logits(h[is_anchor][pick])  # (K, V): only the masked tokens (§3.3)
-                mlm = F.cross_entropy(logits.float(), lab[pick], reduction="sum") * mlm_scale
-        return emb.float(), mlm
-
-    groups = length_groups(lengths, cfg.chunk_tokens)
-    back = torch.as_tensor(np.argsort(np.concatenate(groups)), device=device)  # sorted order -> batch order
-    stats = dict(tokens=int(lengths.sum()), contrastive=0.0, mlm=0.0)
-    if not cfg.grad_cache:
-        outs = [run(g, True) for g in groups]
-        emb = torch.cat([e for e, _ in outs])[back]
-        mlm = sum(m for _, m in outs)
-        lc = contrastive_loss(emb, n_a, cfg) if cfg.contrastive else emb.new_zeros(())
-        (lc + mlm).backward()
-    else:
-        # GradCache (Gao et al., 2021): embeddings of every chunk without a graph, the loss on all of them,
-        # its gradient w.r.t. each embedding, then each chunk again with a graph, backpropagating that
-        # gradient. The same dropout masks both times, so the result is the gradient of the whole batch.
-        states = []
-        with torch.no_grad():
-            embs = []
-            for g in groups:
-                states.append(rng_state(device))
-                embs.append(run(g, False)[0])
-        emb = torch.cat(embs)[back].requires_grad_()
-        lc = contrastive_loss(emb, n_a, cfg) if cfg.contrastive else emb.new_zeros(())
-        if cfg.contrastive:
-            lc.backward()
-        grad = emb.grad if cfg.contrastive else torch.zeros_like(emb)
-        grad = grad[torch.as_tensor(np.concatenate(groups), device=device)]  # back to the chunks' order
-        mlm, at = 0.0, 0
-        for g, state in zip(groups, states):
-            set_rng_state(state, device)
-            e, m = run(g, True)
-            ((e * grad[at:at + len(g)]).sum() + m).backward()
-            mlm, at = mlm + m.detach(), at + len(g)
-    stats["contrastive"] = float(lc.detach())
-    mlm_log = torch.as_tensor(mlm, device=device).detach() / world
-    if world > 1:
-        dist.all_reduce(mlm_log)  # the global mean, for the log
-    stats["mlm"] = float(mlm_log) if cfg.mlm else 0.0
-    return stats
-
-
-def contrastive_loss(emb, n_a, cfg):
-    a, p = emb[:n_a], emb[n_a:]
-    return L.nt_xent(a, p.view(n_a, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
-
-
 def average_gradients(model, world):
     """What DDP does, once per step: DeCLUTR's step runs several forwards (length groups, GradCache) and
     backwards, which DDP's one-forward-one-backward hooks do not allow."""
@@ -229,7 +225,7 @@ def average_gradients(model, world):
     flat = torch.cat([g.flatten() for g in grads])
     dist.all_reduce(flat)
     flat /= world
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
         g.copy_(part.view_as(g))
 
 
@@ -241,52 +237,113 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model, cfg: TrainConfig, fused: bool):
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    rest = [p for n, p in model.named_parameters() if p.dim() < 2]  # biases and LayerNorms: no decay
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                             lr=cfg.lr, eps=1e-6, fused=fused or None)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]  # biases and LayerNorms: no decay
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, eps=1e-6, fused=fused or None)
 
 
 # -----------------------------------------------------------------------------------------------
-# Checkpoints: out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
+# The loop
 
 
-def checkpoints(out: Path) -> list[Path]:
-    d = out / "checkpoints"
-    return sorted(p for p in d.glob("step-*") if re.fullmatch(r"step-\d{8}", p.name) and (p / "train_state.pt").exists()) \
-        if d.exists() else []
+@dataclass
+class Run:
+    """Everything the loop reads and advances."""
+    cfg: TrainConfig
+    out: Path
+    model: torch.nn.Module
+    net: torch.nn.Module  # the model, compiled when --compile
+    tok: object
+    opt: torch.optim.Optimizer
+    batches: S.SpanBatches
+    total: int
+    step: int = 0
+    best: float = -1.0
+    last_good: Path | None = None  # the newest checkpoint
+    evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
+    rank: int = 0
+    world: int = 1
 
 
-def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, extra: dict):
-    final = out / "checkpoints" / f"step-{step:08d}"
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    M.save_pretrained(model, tok, tmp)
-    torch.save({"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}, tmp / "train_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)  # a checkpoint exists whole or not at all; a crash mid-write leaves only .tmp
-    for old in checkpoints(out)[:-cfg.keep_ckpts]:
-        shutil.rmtree(old)
-    return final
+def train(r: Run):
+    """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
+    cfg, t0, tokens, start = r.cfg, time.time(), 0, r.step
+    for batch in S.make_loader(r.batches, r.step, r.total, cfg.workers):
+        # The slanted triangular schedule sets this step's learning rate
+        for g in r.opt.param_groups:
+            g["lr"] = lr_at(r.step, r.total, cfg)
+        # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
+        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, r.rank, r.step]).generate_state(1)[0]))
+        # Forward and backward of this rank's documents
+        s = train_step(r.net, batch, cfg, r.world)
+        if not math.isfinite(s["contrastive"] + s["mlm"]):
+            raise UserError(f"loss is {s['contrastive'] + s['mlm']} at step {r.step + 1}; last good checkpoint: "
+                            f"{r.last_good or 'none yet'}")
+        # Every rank ends with the same gradient (the average), clipped to norm 1.0, and takes the same update
+        if r.world > 1:
+            average_gradients(r.model, r.world)
+        gnorm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), cfg.max_grad_norm)
+        r.opt.step()
+        r.opt.zero_grad(set_to_none=True)
+        r.step += 1
+        tokens += s["tokens"] * r.world
+        rec = dict(step=r.step, contrastive=round(s["contrastive"], 6), mlm=round(s["mlm"], 6),
+                   lr=r.opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4),
+                   tokens_per_s=round(tokens / (time.time() - t0)))
+        if r.evaluate and ((cfg.eval_every and r.step % cfg.eval_every == 0) or r.step == r.total):
+            score_and_keep_best(r, rec)
+        if r.rank == 0:
+            log(r, rec, time.time() - t0, r.step - start)
+        if r.step % cfg.ckpt_every == 0 or r.step == r.total:
+            if r.rank == 0:
+                r.last_good = save_checkpoint(r.out, r.model, r.tok, r.opt, r.step, cfg, {"best": r.best})
+            if r.world > 1:
+                dist.barrier()
 
 
-def read_train_state(path: Path) -> dict:
-    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+def score_and_keep_best(r: Run, rec: dict):
+    """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
+    r.model.eval()
+    rec["stsb_dev_spearman"] = r.evaluate() if r.rank == 0 else None
+    r.model.train()
+    if r.rank == 0 and rec["stsb_dev_spearman"] > r.best:
+        r.best = rec["stsb_dev_spearman"]
+        M.save_pretrained(r.model, r.tok, r.out / "best")
 
 
-def load_checkpoint(path: Path, model, opt, state: dict | None = None):
-    state = state or read_train_state(path)
-    loaded, _ = M.load_pretrained(str(path), verbose=False)
-    model.load_state_dict(loaded.state_dict())
-    opt.load_state_dict(state["optimizer"])
-    return state
+def log(r: Run, rec: dict, elapsed: float, steps_done: int):
+    """Every step into out/metrics.jsonl; every --log-every steps a line on stdout."""
+    with open(r.out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    if r.step % r.cfg.log_every == 0 or r.step == r.total:
+        sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
+        print(f"step {r.step}/{r.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
+              f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {elapsed:.0f}s elapsed | "
+              f"ETA {elapsed / steps_done * (r.total - r.step):.0f}s{sts}", flush=True)
+
+
+@cli
+def main(argv=None):
+    cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
+    rank, local, world, device = setup_distributed()
+    try:
+        r = setup(cfg, rank, local, world, device)
+        train(r)
+        if rank == 0:
+            finish(r)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # -----------------------------------------------------------------------------------------------
+# Setup: processes, the run folder, the model, the data
 
 
 def setup_distributed():
-    rank, local, world = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
     if world > 1:
         if device.type == "cuda":
@@ -307,154 +364,196 @@ def say(rank, *a, **k):
         print(*a, **k, flush=True)
 
 
-def build_model(cfg: TrainConfig, rank: int, world: int, out: Path):
-    """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0."""
-    if not cfg.model.startswith("scratch:"):
-        return M.load_pretrained(cfg.model, verbose=rank == 0)
-    shape = cfg.model.split(":", 1)[1]
-    if shape not in M.SHAPES:
-        raise M.ModelError(f"unknown shape {shape!r} (one of {', '.join(M.SHAPES)})")
-    tok_json = [None]
-    if rank == 0:
-        stats = dict(empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
-        texts, budget = [], 64 << 20  # the first 64M characters are plenty for a BPE vocabulary
-        for t in S.read_documents(S.list_files(cfg.data), stats):
-            texts.append(t[:budget])
-            budget -= len(texts[-1])
-            if budget <= 0:
-                break
-        tok_json = [M.train_tokenizer(texts, M.SHAPES[shape]["vocab_size"]).to_str()]
-    if world > 1:
-        dist.broadcast_object_list(tok_json, src=0)
-    tok = M.Tokenizer.from_str(tok_json[0])
-    s = {k: v for k, v in M.SHAPES[shape].items() if k != "vocab_size"}
-    model = M.Encoder(M.ModelConfig(vocab_size=tok.get_vocab_size(), **s))
-    model.init_weights(torch.Generator().manual_seed(cfg.seed))
-    return model, tok
-
-
-def main(argv=None):
-    cfg = M.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    rank, local, world, device = setup_distributed()
-    try:
-        run(cfg, rank, local, world, device)
-    except (TrainError, S.SamplerError, M.ModelError) as e:
-        say(rank, f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    finally:
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def run(cfg, rank, local, world, device):
-    if not cfg.data and not cfg.resume:  # the demo
-        defaults = TrainConfig()
-        cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
-        if rank == 0:
-            demo_corpus(cfg.cache_dir)  # written once, by one process
-        if world > 1:
-            dist.barrier()
-        cfg = replace(cfg, data=[str(demo_corpus(cfg.cache_dir))])
-        say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+def run_folder(cfg: TrainConfig, rank: int, world: int):
+    """(the configuration, the run folder, its newest checkpoint and that checkpoint's state, or None, None)."""
+    if not cfg.data and not cfg.resume:
+        cfg = demo_config(cfg, rank, world)
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or "runs/declutr")
     out = Path(cfg.out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
     newest = (checkpoints(out) or [None])[-1] if cfg.resume or restarted else None
     if newest:
         state = read_train_state(newest)
-        cfg = TrainConfig(**{**state["config"], "resume": True})  # the run goes on exactly as it was configured
-    elif cfg.resume and not restarted:
-        raise TrainError(f"{out}: no checkpoint to resume from")
-    elif out.exists() and any(out.iterdir()):
+        return TrainConfig(**{**state["config"], "resume": True}), out, newest, state  # goes on exactly as it was
+    if cfg.resume and not restarted:
+        raise UserError(f"{out}: no checkpoint to resume from")
+    if out.exists() and any(out.iterdir()):
         if not (cfg.overwrite or restarted):  # a restart before the first checkpoint starts over
-            raise TrainError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
+            raise UserError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
         if rank == 0:
-            for p in ("checkpoints", "model", "best", "metrics.jsonl"):
-                shutil.rmtree(out / p, ignore_errors=True) if (out / p).is_dir() else (out / p).unlink(missing_ok=True)
-    if cfg.docs_per_step % world:
-        raise TrainError(f"--docs-per-step {cfg.docs_per_step} does not split over {world} ranks")
-    if not (cfg.mlm or cfg.contrastive):
-        raise TrainError("--no-mlm and --no-contrastive together leave nothing to train")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
+            for p in (out / "checkpoints", out / "model", out / "best"):
+                shutil.rmtree(p, ignore_errors=True)
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+    return cfg, out, None, None
 
-    model, tok = build_model(cfg, rank, world, out)
+
+def setup(cfg: TrainConfig, rank: int, local: int, world: int, device) -> Run:
+    cfg, out, newest, state = run_folder(cfg, rank, world)
+    if cfg.docs_per_step % world:
+        raise UserError(f"--docs-per-step {cfg.docs_per_step} does not split over {world} ranks")
+    if not (cfg.mlm or cfg.contrastive):
+        raise UserError("--no-mlm and --no-contrastive together leave nothing to train")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
+    model, tok = build_model(cfg, rank, world)
     model.to(device).train()
-    if local == 0:  # one process per machine tokenises; the others find its cache
+    batches = S.SpanBatches(prepare_corpus(cfg, tok, rank, local, world), tok, sampler_config(cfg, world),
+                            model.config.max_tokens, rank, world, quiet=rank != 0)
+    total = cfg.steps or cfg.epochs * batches.steps_per_epoch
+    opt = make_optimizer(model, cfg, fused=device.type == "cuda")
+    net = torch.compile(model, dynamic=True) if cfg.compile else model
+    r = Run(cfg, out, model, net, tok, opt, batches, total, rank=rank, world=world, last_good=newest)
+    if newest:
+        load_checkpoint(newest, model, opt, state)
+        r.step, r.best = state["step"], state.get("best", -1.0)
+        say(rank, f"resuming at step {r.step} from {newest}")
+        if rank == 0 and (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they rerun
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            kept = "".join(line + "\n" for line in lines if json.loads(line)["step"] <= r.step)
+            write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.eval_data:
+        import evaluate_sts
+
+        pairs = evaluate_sts.load_stsb_dev(cfg.eval_data)
+        r.evaluate = functools.partial(evaluate_sts.spearman_of, model, tok, pairs)
+    say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
+              f"documents")
+    return r
+
+
+def build_model(cfg: TrainConfig, rank: int, world: int):
+    """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0."""
+    if not cfg.model.startswith("scratch:"):
+        return M.load_pretrained(cfg.model, verbose=rank == 0)
+    shape = cfg.model.split(":", 1)[1]
+    if shape not in M.SHAPES:
+        raise UserError(f"unknown shape {shape!r} (one of {', '.join(M.SHAPES)})")
+    tok_json = [None]
+    if rank == 0:
+        tok_json = [H.train_tokenizer(S.document_texts(cfg.data), M.SHAPES[shape]["vocab_size"]).to_str()]
+    if world > 1:
+        dist.broadcast_object_list(tok_json, src=0)
+    tok = H.Tokenizer.from_str(tok_json[0])
+    return M.scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
+
+
+def prepare_corpus(cfg: TrainConfig, tok, rank: int, local: int, world: int):
+    """One process per machine tokenises; the others wait for it, then find its cache."""
+    if local == 0:
         corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0)
     if world > 1:
         dist.barrier()
     if local != 0:
         corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True)
-    scfg = S.SamplerConfig(num_anchors=cfg.num_anchors, num_positives=cfg.num_positives, min_span=cfg.min_span,
+    return corpus
+
+
+def sampler_config(cfg: TrainConfig, world: int) -> S.SamplerConfig:
+    return S.SamplerConfig(num_anchors=cfg.num_anchors, num_positives=cfg.num_positives, min_span=cfg.min_span,
                            max_span=cfg.max_span, docs_per_step=cfg.docs_per_step // world, seed=cfg.seed,
                            mlm_probability=cfg.mlm_probability, scale_short_docs=cfg.scale_short_docs)
-    batches = S.SpanBatches(corpus, tok, scfg, model.config.max_tokens, rank, world, quiet=rank != 0)
-    total = cfg.steps or cfg.epochs * batches.steps_per_epoch
-    opt = make_optimizer(model, cfg, fused=device.type == "cuda")
-    step, best = 0, -1.0
-    if newest:
-        load_checkpoint(newest, model, opt, state)
-        step, best = state["step"], state.get("best", -1.0)
-        say(rank, f"resuming at step {step} from {newest}")
-        if rank == 0 and (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they rerun
-            lines = (out / "metrics.jsonl").read_text().splitlines()
-            (out / "metrics.jsonl").write_text("".join(l + "\n" for l in lines if json.loads(l)["step"] <= step))
-    out.mkdir(parents=True, exist_ok=True)
-    net = torch.compile(model, dynamic=True) if cfg.compile else model
-    evaluate = None
-    if cfg.eval_data:
-        import evaluate_sts
-        pairs = evaluate_sts.load_stsb_dev(cfg.eval_data)
-        evaluate = lambda: evaluate_sts.spearman_of(model, tok, pairs)
-    say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} documents")
-    t0, tokens, start, last_good = time.time(), 0, step, newest
-    for batch in S.make_loader(batches, step, total, cfg.workers):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, cfg)
-        # Dropout draws from the global generator, re-seeded from (seed, rank, step): resuming replays exactly.
-        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rank, step]).generate_state(1)[0]))
-        s = train_step(net, batch, cfg, world)
-        if not math.isfinite(s["contrastive"] + s["mlm"]):
-            raise TrainError(f"loss is {s['contrastive'] + s['mlm']} at step {step + 1}; last good checkpoint: "
-                             f"{last_good or 'none yet'}")
-        if world > 1:
-            average_gradients(model, world)
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens += s["tokens"] * world
-        rec = dict(step=step, contrastive=round(s["contrastive"], 6), mlm=round(s["mlm"], 6),
-                   lr=opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4), tokens_per_s=round(tokens / (time.time() - t0)))
-        if evaluate and ((cfg.eval_every and step % cfg.eval_every == 0) or step == total):
-            model.eval()
-            rec["stsb_dev_spearman"] = evaluate() if rank == 0 else None
-            model.train()
-            if rank == 0 and rec["stsb_dev_spearman"] > best:
-                best = rec["stsb_dev_spearman"]
-                M.save_pretrained(model, tok, out / "best")
-        if rank == 0:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            if step % cfg.log_every == 0 or step == total:
-                el = time.time() - t0
-                print(f"step {step}/{total} | contrastive {s['contrastive']:.4f} | mlm {s['mlm']:.4f} | lr {rec['lr']:.2e} | "
-                      f"{rec['tokens_per_s']:,} tok/s | {el:.0f}s elapsed | ETA {el / (step - start) * (total - step):.0f}s"
-                      + (f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""), flush=True)
-        if step % cfg.ckpt_every == 0 or step == total:
-            if rank == 0:
-                last_good = save_checkpoint(out, model, tok, opt, step, cfg, {"best": best})
-            if world > 1:
-                dist.barrier()
+
+
+# -----------------------------------------------------------------------------------------------
+# Checkpoints: out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
+
+
+def checkpoints(out: Path) -> list[Path]:
+    d = out / "checkpoints"
+    if not d.exists():
+        return []
+    return sorted(p for p in d.glob("step-*")
+                  if re.fullmatch(r"step-\d{8}", p.name) and (p / "train_state.pt").exists())
+
+
+def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, extra: dict):
+    final = out / "checkpoints" / f"step-{step:08d}"
+
+    def write(folder: Path):
+        M.save_pretrained(model, tok, folder)
+        state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
+        torch.save(state, folder / "train_state.pt")
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(final, write)  # a checkpoint exists whole or not at all
+    for old in checkpoints(out)[:-cfg.keep_ckpts]:
+        shutil.rmtree(old)
+    return final
+
+
+def read_train_state(path: Path) -> dict:
+    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+
+
+def load_checkpoint(path: Path, model, opt, state: dict | None = None):
+    state = state or read_train_state(path)
+    loaded, _ = M.load_pretrained(str(path), verbose=False)
+    model.load_state_dict(loaded.state_dict())
+    opt.load_state_dict(state["optimizer"])
+    return state
+
+
+def finish(r: Run):
+    """The final model in out/model, and what to do with it."""
+    M.save_pretrained(r.model, r.tok, r.out / "model")
+    best = f", the best by STS-B dev ({r.best:.2f}) in {r.out / 'best'}" if r.best >= 0 else ""
+    print(f"done: the model is in {r.out / 'model'}{best}")
+    print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
+          f"python embed.py --model {r.out / 'model'} - --output embeddings.npy")
+    print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {r.out / 'model'} --split dev"
+          f"   # downloads the STS Benchmark once; or --data FOLDER holding sts-dev.csv")
+
+
+# -----------------------------------------------------------------------------------------------
+# `python train.py` with no data: a demo that needs nothing but Python. These replace the fields left at default.
+
+DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
+            ckpt_every=200)
+
+
+def demo_config(cfg: TrainConfig, rank: int, world: int) -> TrainConfig:
+    defaults = TrainConfig()
+    cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
     if rank == 0:
-        M.save_pretrained(model, tok, out / "model")
-        print(f"done: the model is in {out / 'model'}"
-              + (f", the best by STS-B dev ({best:.2f}) in {out / 'best'}" if best >= 0 else ""))
-        sts = Path("../shared/data/sts")
-        print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
-              f"python embed.py --model {out / 'model'} - --output embeddings.npy")
-        print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {out / 'model'} --split dev"
-              + (f" --data {sts}" if sts.is_dir() else "   # downloads the STS Benchmark once"))
+        demo_corpus(cfg.cache_dir)  # written once, by one process
+    if world > 1:
+        dist.barrier()
+    cfg = replace(cfg, data=[str(demo_corpus(cfg.cache_dir))])
+    say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    return cfg
+
+
+def demo_corpus(cache: str) -> Path:
+    """Text that every Python installation carries, one document per file: the language reference's help
+    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    root = cache_dir(cache) / "demo-corpus"
+    if root.exists():
+        return root
+    docs = {f"topic-{k}": v for k, v in topics.items()}
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
+            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+
+    def write(folder: Path):
+        folder.mkdir(parents=True)
+        for name, text in docs.items():
+            if len(text) > 2000:
+                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
+    return root
 
 
 if __name__ == "__main__":

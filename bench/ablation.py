@@ -24,7 +24,8 @@ import sampler as S  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
     ap.add_argument("--out", default="runs/ablation", help="where the arms' runs go")
     ap.add_argument("--shape", default="tiny", help="scratch shape (model.py SHAPES)")
@@ -57,7 +58,7 @@ def main():
                "--ckpt-every", str(a.steps), "--log-every", str(max(1, a.steps // 5)), *flags]
         subprocess.run(cmd, check=True)
         model, tok = M.load_pretrained(str(run / "model"), verbose=False)
-        recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rows.append((arm, f"{recs[-1]['contrastive']:.3f} / {recs[-1]['mlm']:.3f}", E.spearman_of(model, tok, pairs),
                      time.time() - t))
         print(f"{arm}: STS-B dev Spearman {rows[-1][2]:.2f} ({rows[-1][3]:.0f}s)", flush=True)

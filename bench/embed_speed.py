@@ -44,7 +44,8 @@ def main():
     texts = [s for r in rows for s in r.split("\t")[5:7]]  # 3,000 sentences, duplicates kept
     st = SentenceTransformer(str(minilm), device="cpu")
     model, tok = M.load_pretrained(str(minilm), verbose=False)
-    E.encode(texts[:64], model, tok), st.encode(texts[:64])  # warm-up
+    E.encode(texts[:64], model, tok)  # warm-up
+    st.encode(texts[:64])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; all-MiniLM-L6-v2, {len(texts):,} STS-B dev "
           f"sentences, fp32 CPU, median of {a.repeats} alternating runs\n")
     print("| encoder | sentences/s | ratio to sentence-transformers |")
@@ -62,7 +63,8 @@ def main():
     print(f"| sentence-transformers encode, batch 32 | {base:,.0f} | 1.00 |")
     for b, t in ours.items():
         rate = len(texts) / statistics.median(t)
-        print(f"| embed.encode, batches of {b:,} tokens{' (default)' if b == 2048 else ''} | {rate:,.0f} | {rate / base:.2f} |")
+        default = " (default)" if b == 2048 else ""
+        print(f"| embed.encode, batches of {b:,} tokens{default} | {rate:,.0f} | {rate / base:.2f} |")
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
     print(f"\nlowest cosine between the two, over all rows: {cos.min():.7f}")
 

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import embed as E  # noqa: E402
+import hub as H  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 import train as T  # noqa: E402
@@ -52,7 +53,7 @@ def main():
                                    intermediate_size=3072, max_position_embeddings=514)
     transformers.RobertaForMaskedLM(c).save_pretrained(d)
     texts = [f"sentence number {i} about {'many ' * (i % 40)}things" for i in range(max(TEXTS, 4000))]
-    tok = M.train_tokenizer(texts, 2000)
+    tok = H.train_tokenizer(texts, 2000)
     tok.save(d + "/tokenizer.json")
     ours, _ = M.load_pretrained(d, verbose=False)
     hf = transformers.RobertaForMaskedLM.from_pretrained(d).to(dev)
@@ -68,10 +69,12 @@ def main():
     lengths = torch.randint(32, 385, (8,), device=dev)
     mask = (torch.arange(384, device=dev)[None] < lengths[:, None]).long()
     ids = ids.masked_fill(mask == 0, 1)
-    ours.eval(), hf.eval()
+    ours.eval()
+    hf.eval()
     with torch.no_grad(), torch.autocast(dev.type, torch.bfloat16):
         a = M.mean_pool(ours(ids, mask).float(), mask)
-        b = M.mean_pool(hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1].float(), mask)
+        ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+        b = M.mean_pool(ref.float(), mask)
     cos = torch.nn.functional.cosine_similarity(a, b).min().item()
     print(f"\n| bf16 autocast parity, distilroberta-base shape | lowest cosine of mean-pooled embeddings: {cos:.5f} |")
 
@@ -81,7 +84,8 @@ def main():
     batch = S.SpanBatches(corpus, tok, scfg, 512, quiet=True)[0]
     gb = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
     real = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
-    ours.train(), hf.train()
+    ours.train()
+    hf.train()
     from train_step import original_step
 
     rows = []
@@ -90,8 +94,10 @@ def main():
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         sec = timed(fn, 3)
-        rows.append((name, real / sec, torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")))
-        ours.zero_grad(set_to_none=True), hf.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
+        rows.append((name, real / sec, peak))
+        ours.zero_grad(set_to_none=True)
+        hf.zero_grad(set_to_none=True)
     print(f"\n| train step, N={DOCS}, A=P=2, bf16 | real tokens/s | peak GB |\n|---|---|---|")
     for name, tps, gb_ in rows:
         print(f"| {name} | {tps:,.0f} | {gb_:.1f} |")

@@ -18,6 +18,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import hub as H  # noqa: E402
 import model as M  # noqa: E402
 
 
@@ -27,9 +28,9 @@ def sts_sentences(shared: Path, n: int):
 
 
 def batches_from_text(tok, texts, bs):
-    pad = M.special_ids(tok)["pad"]
+    pad = H.special_ids(tok)["pad"]
     texts = sorted(texts, key=len)  # what any sensible caller does; same batches for both models
-    return [M.batch_encode(tok, texts[i:i + bs], 256, pad) for i in range(0, len(texts), bs)]
+    return [H.batch_encode(tok, texts[i:i + bs], 256, pad) for i in range(0, len(texts), bs)]
 
 
 def timed(fn, batches):
@@ -54,7 +55,8 @@ def compare(name, ours, theirs, batches, repeats):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=1024)
@@ -79,7 +81,7 @@ def main():
         c = transformers.RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                                        intermediate_size=3072, max_position_embeddings=514)
         transformers.RobertaModel(c).save_pretrained(d)
-        M.train_tokenizer(["a b c"], 300).save(str(Path(d) / "tokenizer.json"))
+        H.train_tokenizer(["a b c"], 300).save(str(Path(d) / "tokenizer.json"))
         ours, _ = M.load_pretrained(d, verbose=False)
         theirs = transformers.RobertaModel.from_pretrained(d).eval()
     g = torch.Generator().manual_seed(0)

@@ -11,11 +11,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import hub as H  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 
@@ -29,7 +29,8 @@ def prep_vs_encode_batch(name, tok, books):
         t = time.perf_counter()
         c = S.prepare_corpus(books, tok, d, quiet=True)
         ours = c.meta["tokens"] / (time.perf_counter() - t)
-    print(f"| {name} | {len(books)} books, {c.meta['tokens']:,} tokens | {ours:,.0f} | {base:,.0f} | {ours / base:.2f} |")
+    print(f"| {name} | {len(books)} books, {c.meta['tokens']:,} tokens | {ours:,.0f} | {base:,.0f} | "
+          f"{ours / base:.2f} |")
 
 
 def train_step_seconds(shape, tok, batch):
@@ -58,8 +59,8 @@ def main():
     a = ap.parse_args()
     shared = Path(a.shared)
     books = sorted((shared / "data/corpus/gutenberg").glob("*.txt"))[:a.books]
-    minilm = M.load_tokenizer(shared / "models/all-MiniLM-L6-v2")
-    bpe = M.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:20]), 32000)
+    minilm = H.load_tokenizer(shared / "models/all-MiniLM-L6-v2")
+    bpe = H.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:20]), 32000)
     print(f"{torch.get_num_threads()} threads; tokenizers uses every core in both columns\n")
     print("| tokenizer | text | prepare_corpus tokens/s | encode_batch tokens/s | ratio |")
     print("|---|---|---|---|---|")

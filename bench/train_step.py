@@ -10,6 +10,7 @@ batch maximum, MLM logits for every anchor token over the whole vocabulary), the
 Real tokens/s counts only the spans' own tokens (with <s> and </s>), the same number for both.
 """
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -17,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import hub as H  # noqa: E402
 import loss as L  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
@@ -44,7 +45,7 @@ def main():
     a = ap.parse_args()
     import transformers
     books = sorted((Path(a.shared) / "data/corpus/gutenberg").glob("*.txt"))[:8]
-    tok = M.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:2]), 8000)
+    tok = H.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:2]), 8000)
     with tempfile.TemporaryDirectory() as d:
         corpus = S.prepare_corpus(books, tok, d, quiet=True)
         sb = S.SpanBatches(corpus, tok, S.SamplerConfig(docs_per_step=a.docs), max_tokens=512, quiet=True)
@@ -56,28 +57,33 @@ def main():
         hf.save_pretrained(d + "/m")
         tok.save(d + "/m/tokenizer.json")
         ours, _ = M.load_pretrained(d + "/m", verbose=False)
-    hf.train(), ours.train()
+    hf.train()
+    ours.train()
     cfg = T.TrainConfig()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads; "
           f"distilroberta-base shape, N={a.docs} documents, A=P=2, spans of 32-510 tokens, dropout on")
     print("| batch | real tokens | padded tokens (original) | train.py s | original s | ratio |")
     print("|---|---|---|---|---|---|")
     ta, tb, real_all = [], [], 0
-    T.train_step(ours, batches[0], cfg), original_step(hf, batches[0])  # warm-up: first-call allocations
+    T.train_step(ours, batches[0], cfg)  # warm-up: first-call allocations
+    original_step(hf, batches[0])
     for i, b in enumerate(batches):
         real = int(b["anchor_lengths"].sum() + b["positive_lengths"].sum())
         padded = b["anchors"].numel() + b["positives"].numel()
         times = []
-        for fn in (lambda: T.train_step(ours, b, cfg), lambda: original_step(hf, b)):
-            ours.zero_grad(), hf.zero_grad()
+        for fn in (functools.partial(T.train_step, ours, b, cfg), functools.partial(original_step, hf, b)):
+            ours.zero_grad()
+            hf.zero_grad()
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-        ta.append(times[0]), tb.append(times[1])
+        ta.append(times[0])
+        tb.append(times[1])
         real_all += real
         print(f"| {i} | {real:,} | {padded:,} | {times[0]:.2f} | {times[1]:.2f} | {times[1] / times[0]:.2f} |")
+    median = statistics.median(y / x for x, y in zip(ta, tb, strict=True))
     print(f"\nreal tokens/s: train.py {real_all / sum(ta):,.0f}, original {real_all / sum(tb):,.0f}, "
-          f"ratio {sum(tb) / sum(ta):.2f} (median per-batch ratio {statistics.median(y / x for x, y in zip(ta, tb)):.2f})")
+          f"ratio {sum(tb) / sum(ta):.2f} (median per-batch ratio {median:.2f})")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, ma
     def spans(n):
         lengths = rng.integers(3, 41, n) + 2
         ids = np.full((n, lengths.max()), pad)
-        for row, k in zip(ids, lengths):
+        for row, k in zip(ids, lengths, strict=True):
             row[0], row[1:k - 1], row[k - 1] = cls, rng.integers(5, vocab, k - 2), sep
         return ids, lengths
 
@@ -50,7 +50,10 @@ def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, ma
     p, pl = spans(n_docs * A * P)
     m_in, m_lab = S.mask_tokens(a, ~np.isin(a, [pad, cls, sep]), rng, mask, np.arange(5, vocab))
     t = torch.from_numpy
-    rows = lambda ids, k: t((np.arange(ids.shape[1])[None] < k[:, None]).astype(np.int64))
+
+    def rows(ids, k):
+        return t((np.arange(ids.shape[1])[None] < k[:, None]).astype(np.int64))
+
     return dict(anchors=t(a), anchor_mask=rows(a, al), anchor_lengths=t(al), positives=t(p), positive_mask=rows(p, pl),
                 positive_lengths=t(pl), mlm_inputs=t(m_in), mlm_labels=t(m_lab),
                 anchor_doc=t(np.repeat(np.arange(n_docs), A)), positive_doc=t(np.repeat(np.arange(n_docs), A * P)))
@@ -61,8 +64,9 @@ def tiny_encoder(vocab=300, seed=0, dropout=0.0):
 
     import model as M
 
-    c = M.ModelConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                      max_position_embeddings=130, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    c = M.ModelConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=130, hidden_dropout_prob=dropout,
+                      attention_probs_dropout_prob=dropout)
     m = M.Encoder(c)
     m.init_weights(torch.Generator().manual_seed(seed))
     return m.train()

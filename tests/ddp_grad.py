@@ -7,10 +7,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import half_batch, synthetic_batch, tiny_encoder  # noqa: E402
-
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # the repo, tests/
 import train as T  # noqa: E402
+from conftest import half_batch, synthetic_batch, tiny_encoder  # noqa: E402
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

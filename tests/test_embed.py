@@ -82,16 +82,17 @@ def run(*args, stdin=None):
 
 def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     (tmp_path / "a.txt").write_text("first\n\nthird line\r\nfourth\n")  # the empty line is a row; CRLF is a line end
-    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6}) + "\n")
-    r = run("--model", tiny, tmp_path / "a.txt", tmp_path / "b.jsonl", "-", "--output", tmp_path / "o.npy", "--block", "2",
-            stdin="seventh\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6})
+                                      + "\n")
+    r = run("--model", tiny, tmp_path / "a.txt", tmp_path / "b.jsonl", "-", "--output", tmp_path / "o.npy",
+            "--block", "2", stdin="seventh\n")
     assert r.returncode == 0, r.stderr
     emb = np.load(tmp_path / "o.npy")
     model, tok = M.load_pretrained(str(tiny))
     texts = ["first", "", "third line", "fourth", "fifth", "sixth", "seventh"]
     np.testing.assert_allclose(emb, naive(texts, model, tok), atol=1e-5)
     r = run("--model", tiny, tmp_path / "a.txt", "--output", tmp_path / "o.jsonl", "--format", "jsonl", "--normalize")
-    rows = [json.loads(l)["embedding"] for l in (tmp_path / "o.jsonl").read_text().splitlines()]
+    rows = [json.loads(line)["embedding"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and abs(np.linalg.norm(rows[2]) - 1) < 1e-5
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
 

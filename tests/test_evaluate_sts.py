@@ -6,6 +6,7 @@ import numpy as np
 
 import evaluate_sts as E
 import model as M
+from common import UserError
 from conftest import STSB_DEV, need
 
 
@@ -15,7 +16,8 @@ def test_rankdata_averages_ties():
 
 
 def test_spearman_hand_worked_with_ties():
-    # ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5 -> 4.5 / sqrt(22.5) = 3 / sqrt(10)
+    # ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): covariance 4.5, variances 4.5 and 5
+    # -> 4.5 / sqrt(22.5) = 3 / sqrt(10)
     assert abs(E.spearman([1, 2, 2, 3], [1, 2, 3, 4]) - 3 / math.sqrt(10)) < 1e-12
     assert E.spearman([1, 2, 3], [30, 20, 10]) == -1.0
     assert abs(E.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) - 0.8207826816681233) < 1e-12  # scipy.stats.spearmanr
@@ -73,7 +75,7 @@ def test_traps_in_a_senteval_tree(tmp_path):
     tasks = E.find_tasks(tmp_path, "test")
     assert sorted(tasks) == ["STS12", "STS16"] and list(tasks["STS12"]) == ["MSRvid"]
     (d / "STS.gs.SMTnews.txt").write_text("1\n2\n")
-    with pytest.raises(E.EvalError, match="2 scores for the 1 pairs"):
+    with pytest.raises(UserError, match="2 scores for the 1 pairs"):
         E.find_tasks(tmp_path, "test")
 
 
@@ -90,7 +92,8 @@ def test_sick_layouts(tmp_path):
 
 def test_minilm_on_stsb_dev_and_sick_trial(tmp_path, capsys):
     need(MINILM)
-    E.main(["--model", str(MINILM), "--data", str(SHARED / "data" / "sts"), "--split", "dev", "--json", str(tmp_path / "r.json")])
+    E.main(["--model", str(MINILM), "--data", str(SHARED / "data" / "sts"), "--split", "dev",
+            "--json", str(tmp_path / "r.json")])
     r = json.loads((tmp_path / "r.json").read_text())
     assert abs(r["STSB"]["spearman"] - 86.72) <= 0.05 and r["STSB"]["n"] == 1500  # sentence-transformers' figure
     assert abs(r["SICKR"]["spearman"] - 79.80) <= 0.05 and r["SICKR"]["n"] == 500
@@ -113,7 +116,7 @@ def test_two_models_side_by_side_and_aggregations(tmp_path, capsys):
     assert one["STS16"]["all"] is None or np.isnan(one["STS16"]["all"])  # one scored pair: no correlation
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-2:] == names
-    assert any(l.startswith("STS12 all") for l in lines) and any(l.startswith("STS12 mean") for l in lines)
+    assert any(line.startswith("STS12 all") for line in lines) and any(line.startswith("STS12 mean") for line in lines)
 
 
 def test_nothing_recognisable_is_one_line(tmp_path, capsys):
@@ -160,8 +163,8 @@ def test_download_from_a_local_server_then_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert E.download_stsb() == d  # cached: no network needed
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
-    with pytest.raises(E.EvalError, match="offline.*pass --data"):
+    with pytest.raises(UserError, match="offline.*pass --data"):
         E.download_stsb()
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    with pytest.raises(E.EvalError, match="cannot download .*pass --data"):
+    with pytest.raises(UserError, match="cannot download .*pass --data"):
         E.download_stsb()  # the server is gone

@@ -11,7 +11,10 @@ def naive(anchors, positives, tau):
     pos = positives.mean(1) if positives.dim() == 3 else positives
     z = torch.cat([anchors, pos])
     m = len(anchors)
-    cos = lambda u, v: float(u @ v / (u.norm() * v.norm()))
+
+    def cos(u, v):
+        return float(u @ v / (u.norm() * v.norm()))
+
     total = 0.0
     for i in range(2 * m):
         j = i + m if i < m else i - m

@@ -14,7 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import hub as H
 import model as M
+from common import UserError
 from conftest import MINILM, ROOT, need, stsb_sentences
 
 transformers = pytest.importorskip("transformers")
@@ -26,7 +28,8 @@ TINY = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_h
 def hf_tiny(kind: str, seed=0):
     torch.manual_seed(seed)
     if kind == "roberta":
-        cfg = transformers.RobertaConfig(**TINY, max_position_embeddings=40, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+        cfg = transformers.RobertaConfig(**TINY, max_position_embeddings=40, pad_token_id=1, bos_token_id=0,
+                                         eos_token_id=2)
         m = transformers.RobertaForMaskedLM(cfg)
     else:
         cfg = transformers.BertConfig(**TINY, max_position_embeddings=40, pad_token_id=0, type_vocab_size=2)
@@ -52,7 +55,7 @@ def padded_batch(pad_id, seed=1):
 def save_with_tokenizer(hf_model, d: Path):
     """An HF checkpoint directory with a small byte-level BPE tokenizer beside it."""
     hf_model.save_pretrained(d)
-    tok = M.train_tokenizer(["hello world, a small text for a small tokenizer."] * 20, 300)
+    tok = H.train_tokenizer(["hello world, a small text for a small tokenizer."] * 20, 300)
     tok.save(str(d / "tokenizer.json"))
     return d
 
@@ -91,7 +94,8 @@ def test_gradients_match_transformers(kind, tmp_path):
     loss_ref = M.mean_pool(ref.hidden_states[-1], mask).pow(2).sum() + ref.logits[pick].logsumexp(-1).sum()
     h = ours(ids, mask)
     loss = M.mean_pool(h, mask).pow(2).sum() + ours.mlm_logits(h[pick]).logsumexp(-1).sum()
-    loss_ref.backward(), loss.backward()
+    loss_ref.backward()
+    loss.backward()
     hf_grads = {n: p.grad for n, p in hf.named_parameters()}
     for name, p in ours.named_parameters():
         sources = M.hf_key_map(ours.config)[name]
@@ -116,9 +120,10 @@ def test_save_then_transformers_loads_identical(kind, tmp_path):
         r = mask.bool()
         torch.testing.assert_close(ref.hidden_states[-1][r], h[r], rtol=0, atol=1e-5)
         torch.testing.assert_close(ref.logits[r], ours.mlm_logits(h)[r], rtol=0, atol=1e-4)
-        torch.testing.assert_close(bare(input_ids=ids, attention_mask=mask).last_hidden_state[r], h[r], rtol=0, atol=1e-5)
+        torch.testing.assert_close(bare(input_ids=ids, attention_mask=mask).last_hidden_state[r], h[r],
+                                   rtol=0, atol=1e-5)
     ours2, _ = M.load_pretrained(str(tmp_path / "b"))
-    for (n, a), b in zip(ours.state_dict().items(), ours2.state_dict().values()):
+    for (n, a), b in zip(ours.state_dict().items(), ours2.state_dict().values(), strict=True):
         assert torch.equal(a, b), n
 
 
@@ -130,8 +135,8 @@ def test_bare_encoder_gets_fresh_head(tmp_path, capsys):
     ids, mask = padded_batch(1)
     with torch.no_grad():
         r = mask.bool()
-        torch.testing.assert_close(ours(ids, mask)[r], hf.roberta(input_ids=ids, attention_mask=mask).last_hidden_state[r],
-                                   rtol=0, atol=1e-5)
+        ref = hf.roberta(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(ours(ids, mask)[r], ref[r], rtol=0, atol=1e-5)
 
 
 def test_sharded_and_old_names(tmp_path):
@@ -150,7 +155,8 @@ def test_sharded_and_old_names(tmp_path):
         (tmp_path / d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]))
         ours, _ = M.load_pretrained(str(tmp_path / d))
         with torch.no_grad():
-            torch.testing.assert_close(ours.mlm_logits(ours(ids, mask))[mask.bool()], ref[mask.bool()], rtol=0, atol=1e-4)
+            got = ours.mlm_logits(ours(ids, mask))
+            torch.testing.assert_close(got[mask.bool()], ref[mask.bool()], rtol=0, atol=1e-4)
 
 
 def test_minilm_matches_sentence_transformers():
@@ -160,13 +166,13 @@ def test_minilm_matches_sentence_transformers():
     assert len(sents) > 2500
     ref = st.SentenceTransformer(str(MINILM), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
     ours, tok = M.load_pretrained(str(MINILM))
-    sp = M.special_ids(tok)
+    sp = H.special_ids(tok)
     order = sorted(range(len(sents)), key=lambda i: len(sents[i]))
     emb = np.zeros_like(ref)
     with torch.inference_mode():
         for b in range(0, len(sents), 64):
             idx = order[b:b + 64]
-            ids, mask = M.batch_encode(tok, [sents[i] for i in idx], 256, sp["pad"])
+            ids, mask = H.batch_encode(tok, [sents[i] for i in idx], 256, sp["pad"])
             emb[idx] = ours.embed(ids, mask).numpy()
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
     assert cos.min() >= 0.99999, cos.min()
@@ -174,27 +180,27 @@ def test_minilm_matches_sentence_transformers():
 
 def test_tokenizer_files_agree_and_do_not_pad(tmp_path):
     need(MINILM)
-    full = M.load_tokenizer(MINILM)  # tokenizer.json pads to 128 on disk; that must not leak
+    full = H.load_tokenizer(MINILM)  # tokenizer.json pads to 128 on disk; that must not leak
     (tmp_path / "vocab.txt").write_bytes((MINILM / "vocab.txt").read_bytes())
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true}')
-    wp = M.load_tokenizer(tmp_path)
+    wp = H.load_tokenizer(tmp_path)
     sents = stsb_sentences(300)
     a, b = full.encode_batch(sents), wp.encode_batch(sents)
     assert [e.ids for e in a] == [e.ids for e in b]
     assert min(len(e.ids) for e in a) < 20 and a[0].ids[0] == 101 and a[0].ids[-1] == 102
 
-    bpe = M.train_tokenizer(sents * 3, 600)
+    bpe = H.train_tokenizer(sents * 3, 600)
     bpe.model.save(str(tmp_path))  # vocab.json + merges.txt, as roberta-base ships
     (tmp_path / "vocab.txt").unlink()
-    gpt2 = M.load_tokenizer(tmp_path)
+    gpt2 = H.load_tokenizer(tmp_path)
     texts = sents[:50] + ["a <mask> here", "  spaced   out  ", "naïve café"]
     assert [e.ids for e in bpe.encode_batch(texts)] == [e.ids for e in gpt2.encode_batch(texts)]
 
 
 def test_batch_encode_truncates_keeping_the_end_token():
     need(MINILM)
-    tok = M.load_tokenizer(MINILM)
-    ids, mask = M.batch_encode(tok, ["word " * 50, "short"], 16, 0)
+    tok = H.load_tokenizer(MINILM)
+    ids, mask = H.batch_encode(tok, ["word " * 50, "short"], 16, 0)
     assert ids.shape == (2, 16) and ids[0, -1] == 102 and ids[0, 0] == 101
     assert mask[1].sum() == 3 and ids[1, 2] == 102 and (ids[1, 3:] == 0).all()
 
@@ -203,7 +209,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
     texts = [" ".join(f"w{i % 97} x{(i * 7) % 13}" for i in range(j, j + 300)) for j in range(40)]
     model, tok = M.from_scratch("tiny", texts, seed=0)
     assert model.config.vocab_size == tok.get_vocab_size() <= 4096
-    sp = M.special_ids(tok)
+    sp = H.special_ids(tok)
     assert (sp["cls"], sp["pad"], sp["sep"]) == (0, 1, 2)
     M.save_pretrained(model, tok, tmp_path)
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
@@ -212,7 +218,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
     assert hf_tok.mask_token_id == sp["mask"] and hf_tok.pad_token_id == 1
     st = pytest.importorskip("sentence_transformers")
     ref = st.SentenceTransformer(str(tmp_path), device="cpu").encode(sent, convert_to_tensor=True)
-    ids, mask = M.batch_encode(tok, sent, 512, sp["pad"])
+    ids, mask = H.batch_encode(tok, sent, 512, sp["pad"])
     with torch.no_grad():
         torch.testing.assert_close(model.eval().embed(ids, mask), ref, rtol=0, atol=1e-5)
 
@@ -220,7 +226,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
 def test_scratch_cli(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat. " * 200)
-    M.main(["scratch", "--shape", "tiny", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "m")])
+    H.main(["scratch", "--shape", "tiny", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "m")])
     m, tok = M.load_pretrained(str(tmp_path / "m"))
     assert m.config.num_hidden_layers == 2 and tok.token_to_id("<mask>") == 4
 
@@ -231,9 +237,9 @@ def test_convert_bin(tmp_path, capsys):
     sd = load_file(str(tmp_path / "m" / "model.safetensors"))
     (tmp_path / "m" / "model.safetensors").unlink()
     torch.save(sd, tmp_path / "m" / "pytorch_model.bin")  # what johngiorgi/declutr-small ships
-    with pytest.raises(M.ModelError, match="python model.py convert"):
+    with pytest.raises(UserError, match="python model.py convert"):
         M.load_pretrained(str(tmp_path / "m"))
-    M.main(["convert", str(tmp_path / "m")])
+    H.main(["convert", str(tmp_path / "m")])
     ours, _ = M.load_pretrained(str(tmp_path / "m"))
     ids, mask = padded_batch(1)
     with torch.no_grad():
@@ -252,7 +258,7 @@ def test_convert_refuses_code_in_pickles(tmp_path, capsys):
     (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}, protocol=2))
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        M.main(["convert", str(tmp_path)])
+        H.main(["convert", str(tmp_path)])
     assert e.value.code == 1 and "weights_only" in capsys.readouterr().err
     assert not Path("/tmp/declutr-pwned").exists()
 
@@ -287,12 +293,13 @@ def bad(tmp_path, what):
     return str(d), "not a readable safetensors file"
 
 
-@pytest.mark.parametrize("what", ["missing-dir", "no-config", "no-weights", "truncated", "corrupt", "shapes", "model-type"])
+@pytest.mark.parametrize("what", ["missing-dir", "no-config", "no-weights", "truncated", "corrupt", "shapes",
+                                  "model-type"])
 def test_bad_checkpoints_give_one_line(tmp_path, capsys, what):
     path, expect = bad(tmp_path, what)
     capsys.readouterr()  # forget what building the checkpoint printed
     with pytest.raises(SystemExit) as e:
-        M.main(["info", path])
+        H.main(["info", path])
     err = capsys.readouterr().err
     assert e.value.code == 1 and expect in err and err.count("\n") == 1 and err.startswith("error: "), err
 
@@ -388,15 +395,15 @@ def test_hub_download_then_offline_cache(hub, tmp_path, monkeypatch):
 @pytest.mark.parametrize("lie", ["sha", "short"])
 def test_hub_bad_download_never_lands(hub, tmp_path, lie):
     Hub.lie = lie
-    with pytest.raises(M.ModelError, match="sha256|git blob|bytes|download failed"):
-        M.hub_download("org/tiny")
+    with pytest.raises(UserError, match="sha256|git blob|bytes|download failed"):
+        H.hub_download("org/tiny")
     cache = tmp_path / "home" / "hub"
     assert not [p for p in cache.rglob("*") if p.is_file() and p.name not in ("main",)]
 
 
 def test_hub_unreachable_and_missing(hub, monkeypatch):
-    with pytest.raises(M.ModelError, match="none of"):
+    with pytest.raises(UserError, match="none of"):
         M.load_pretrained("org/other")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
-    with pytest.raises(M.ModelError, match="cannot reach .*local directory"):
+    with pytest.raises(UserError, match="cannot reach .*local directory"):
         M.load_pretrained("org/tiny")

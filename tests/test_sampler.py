@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-import model as M
+import hub as H
 import sampler as S
+from common import UserError
 from conftest import ROOT, SHARED, need
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
@@ -111,7 +112,7 @@ def text(n_words, seed):
 
 @pytest.fixture(scope="module")
 def tok():
-    return M.train_tokenizer([text(2000, s) for s in range(5)], 300)
+    return H.train_tokenizer([text(2000, s) for s in range(5)], 300)
 
 
 def small_cfg(**kw):
@@ -127,8 +128,9 @@ def test_corpus_reads_every_layout_and_counts_the_bad(tmp_path, tok):
     (d / "empty.txt").write_text("  \n")
     (d / "bin.txt").write_bytes(b"\x7fELF\x00\x00\x01" + bytes(range(256)))
     (d / "bad-utf8.txt").write_bytes(b"caf\xe9 and \xff\xfe more " + text(100, 3).encode())
-    (d / "sub" / "docs.jsonl").write_text("\n".join([json.dumps({"text": text(200, 4)}), "{not json", json.dumps({"x": 1}),
-                                                     json.dumps({"text": ""}), "", json.dumps({"text": text(200, 5)})]))
+    lines = [json.dumps({"text": text(200, 4)}), "{not json", json.dumps({"x": 1}), json.dumps({"text": ""}), "",
+             json.dumps({"text": text(200, 5)})]
+    (d / "sub" / "docs.jsonl").write_text("\n".join(lines))
     with gzip.open(d / "sub" / "z.txt.gz", "wt") as f:
         f.write(text(300, 6))
     (d / "notes.md").write_text("not a corpus file")
@@ -150,7 +152,7 @@ def test_corpus_cache_reused_and_rebuilt(tmp_path, tok, capsys):
     (tmp_path / "a.txt").write_text(text(301, 1))
     c3 = S.prepare_corpus([tmp_path / "a.txt"], tok, str(tmp_path / "cache"), quiet=True)
     assert c3.dir != c1.dir and len(c3.tokens) > len(c1.tokens)
-    other = M.train_tokenizer([text(2000, 9)], 280)
+    other = H.train_tokenizer([text(2000, 9)], 280)
     assert S.prepare_corpus([tmp_path / "a.txt"], other, str(tmp_path / "cache"), quiet=True).dir != c3.dir
     assert not list((tmp_path / "cache").glob("*.tmp*"))
 
@@ -169,7 +171,7 @@ def test_batches_hold_the_documents_spans(tmp_path, tok):
     b = sb[3]
     A, P = 2, 2
     assert b["anchors"].shape[0] == 2 * A and b["positives"].shape[0] == 2 * A * P
-    sp = M.special_ids(tok)
+    sp = H.special_ids(tok)
     for k in range(len(b["anchors"])):
         n = int(b["anchor_lengths"][k])
         row = b["anchors"][k].tolist()
@@ -211,7 +213,7 @@ def test_resuming_at_step_k_gives_the_uninterrupted_batches(tmp_path, tok):
     full = list(S.make_loader(sb, 0, 12, workers=2))  # crosses two epoch boundaries (5 steps per epoch)
     resumed = list(S.make_loader(sb, 7, 12, workers=2))
     assert [b["step"] for b in resumed] == list(range(7, 12))
-    for a, b in zip(full[7:], resumed):
+    for a, b in zip(full[7:], resumed, strict=True):
         for k in a:
             assert np.array_equal(a[k], b[k]), k
 
@@ -222,7 +224,7 @@ def test_short_documents_skipped_or_scaled(tmp_path, tok, capsys):
     c = S.prepare_corpus([tmp_path], tok, str(tmp_path / "cache"), quiet=True)
     assert c.lengths.max() < 128
     cfg = small_cfg(docs_per_step=1)
-    with pytest.raises(S.SamplerError, match=r"no document has the 128 tokens .* the longest has \d+"):
+    with pytest.raises(UserError, match=r"no document has the 128 tokens .* the longest has \d+"):
         S.SpanBatches(c, tok, cfg, 512, quiet=True)
     scaled = S.SpanBatches(c, tok, small_cfg(docs_per_step=1, scale_short_docs=True, min_span=2), 512)
     assert "qualify" in capsys.readouterr().err
@@ -232,12 +234,14 @@ def test_short_documents_skipped_or_scaled(tmp_path, tok, capsys):
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
-    need(M.Path(SHARED / "models" / "all-MiniLM-L6-v2"))
+    minilm = need(SHARED / "models" / "all-MiniLM-L6-v2")
     (tmp_path / "short.txt").write_text("too short to sample from")
     (tmp_path / "empty.txt").write_text("")
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model",
-                                     str(SHARED / "models" / "all-MiniLM-L6-v2"), "--cache-dir", str(tmp_path / "c"), *a],
-                                    capture_output=True, text=True, timeout=120)
+
+    def run(*a):
+        return subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm), "--cache-dir",
+                               str(tmp_path / "c"), *a], capture_output=True, text=True, timeout=120)
+
     r = run("--data", str(tmp_path))
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: no document has the 2,040 tokens")
     assert "1 empty" in r.stderr and "Traceback" not in r.stderr
@@ -247,7 +251,8 @@ def test_cli_bad_input_is_one_line(tmp_path):
 
 def test_cli_on_gutenberg_books(tmp_path):
     books = sorted(need(GUTENBERG).glob("*.txt"))[:3]
-    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(SHARED / "models" / "all-MiniLM-L6-v2"),
+    minilm = SHARED / "models" / "all-MiniLM-L6-v2"
+    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm),
                         "--cache-dir", str(tmp_path), "--docs-per-step", "3", "--data", *map(str, books)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

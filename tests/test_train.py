@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 import loss as L
 import model as M
-import sampler as S
 import train as T
 from conftest import ROOT, SHARED, half_batch, need, synthetic_batch, tiny_encoder
 
@@ -104,7 +103,8 @@ def test_schedule_and_decay_groups():
     opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
     no_decay = {names[id(p)] for p in opt.param_groups[1]["params"]}
     assert all(n.endswith("bias") or ".ln." in n for n in no_decay) and "layers.0.attn.ln.weight" in no_decay
-    assert {names[id(p)] for p in opt.param_groups[0]["params"]} >= {"layers.0.attn.qkv.weight", "embeddings.word.weight"}
+    decayed = {names[id(p)] for p in opt.param_groups[0]["params"]}
+    assert decayed >= {"layers.0.attn.qkv.weight", "embeddings.word.weight"}
 
 
 def free_port():
@@ -134,7 +134,8 @@ def reap():
 
 def test_two_ranks_give_the_gradient_of_one_process(tmp_path):
     out = tmp_path / "grads.pt"
-    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "tests" / "ddp_grad.py")),
+    script = str(ROOT / "tests" / "ddp_grad.py")
+    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), script),
                        env={**os.environ, "DDP_GRAD_OUT": str(out), "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -162,12 +163,13 @@ def docs(tmp_path_factory):
 
 
 def run_args(docs, out, *extra):
-    return ["--model", "scratch:tiny", "--data", str(docs), "--out", str(out), "--docs-per-step", "4", "--min-span", "8",
-            "--max-span", "32", "--workers", "0", "--log-every", "1", "--cache-dir", str(out.parent / "cache"), *extra]
+    return ["--model", "scratch:tiny", "--data", str(docs), "--out", str(out), "--docs-per-step", "4",
+            "--min-span", "8", "--max-span", "32", "--workers", "0", "--log-every", "1",
+            "--cache-dir", str(out.parent / "cache"), *extra]
 
 
 def trace(out):
-    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["contrastive"], r["mlm"]) for r in recs]
 
 
@@ -177,7 +179,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
     full = trace(tmp_path / "a")
     assert [s for s, *_ in full] == list(range(1, 13))
     p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "b", *common)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     metrics, t0 = tmp_path / "b" / "metrics.jsonl", time.time()
     while p.poll() is None and time.time() - t0 < 120:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
@@ -240,7 +243,8 @@ def test_two_nodes_on_loopback(tmp_path, docs, reap):
 def test_torchrun_restart_resumes_and_finishes(tmp_path, docs, reap):
     p = reap(torchrun("--nproc_per_node=2", "--max-restarts=1", "--rdzv_backend=c10d",
                                   f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=declutr-restart",
-                                  str(ROOT / "train.py"), *run_args(docs, tmp_path / "k", "--steps", "40", "--ckpt-every", "5")),
+                                  str(ROOT / "train.py"),
+                                  *run_args(docs, tmp_path / "k", "--steps", "40", "--ckpt-every", "5")),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics, t0, killed = tmp_path / "k" / "metrics.jsonl", time.time(), False
@@ -263,7 +267,7 @@ def one_line_error(capsys, argv):
     with pytest.raises(SystemExit) as e:
         T.main(argv)
     err = capsys.readouterr().err
-    lines = [l for l in err.splitlines() if l.startswith("error: ")]
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert e.value.code == 1 and len(lines) == 1, err
     return lines[0]
 
@@ -302,7 +306,7 @@ def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
     from conftest import STSB_DEV
 
     T.main(run_args(docs, tmp_path / "e", "--steps", "4", "--eval-every", "2", "--eval-data", str(need(STSB_DEV))))
-    recs = [json.loads(l) for l in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
     scores = {r["step"]: r["stsb_dev_spearman"] for r in recs if "stsb_dev_spearman" in r}
     assert sorted(scores) == [2, 4]
     best, tok = M.load_pretrained(str(tmp_path / "e" / "best"))
@@ -321,7 +325,7 @@ def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path
     out = capsys.readouterr().out
     assert "the demo, scratch:tiny" in out and "done: the model is in runs/demo/model" in out
     assert len(list((tmp_path / "cache" / "declutr" / "demo-corpus").glob("*.txt"))) > 100
-    embed_cmd = next(l for l in out.splitlines() if "python embed.py" in l)
+    embed_cmd = next(line for line in out.splitlines() if "python embed.py" in line)
     assert "--model runs/demo/model - --output embeddings.npy" in embed_cmd
     (tmp_path / "t.txt").write_text("A man is playing a guitar.\nA woman is singing.\n")
     embed.main(["--model", "runs/demo/model", str(tmp_path / "t.txt"), "--output", "e.npy"])
