@@ -6,7 +6,7 @@ attention mask, the same pooling that training used. Texts are sorted by length 
 budget, so little compute goes to padding, then written back in input order.
 
     python embed.py --model runs/declutr/model texts.txt --output embeddings.npy
-    python embed.py --model ../shared/models/all-MiniLM-L6-v2 a.txt b.jsonl --output out.npy --normalize
+    python embed.py --model sentence-transformers/all-MiniLM-L6-v2 a.txt b.jsonl --output out.npy --normalize
     cat texts.txt | python embed.py --model M - --output out.jsonl --format jsonl
     python embed.py --model M long_docs.txt --output out.npy --long chunk    # windows, averaged
 

@@ -9,7 +9,7 @@ SentEval's STS12-en-test ..., with STS.input.NAME.txt beside STS.gs.NAME.txt). S
 ways: "all", every subset's pairs pooled (as SimCSE reports), and "mean", the mean over subsets (as SentEval
 and the DeCLUTR paper report).
 
-    python evaluate_sts.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/sts --split dev
+    python evaluate_sts.py --model sentence-transformers/all-MiniLM-L6-v2 --data sts/ --split dev
     python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
     python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
 """

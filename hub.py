@@ -44,7 +44,7 @@ def load_tokenizer(d: Path) -> Tokenizer:
         tok = _wordpiece(d)
     else:
         raise UserError(f"{d}: no tokenizer.json, vocab.json + merges.txt, or vocab.txt")
-    # The shared MiniLM's tokenizer.json pads everything to 128 and truncates at 128: batching is ours to do.
+    # all-MiniLM-L6-v2's tokenizer.json pads everything to 128 and truncates at 128: batching is ours to do.
     tok.no_padding()
     tok.no_truncation()
     return tok

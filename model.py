@@ -12,6 +12,7 @@ safetensors through an explicit name map, so transformers and sentence-transform
     python model.py convert johngiorgi/declutr-small --out declutr-small   # pytorch_model.bin -> model.safetensors
     python model.py scratch --shape tiny --corpus docs/ --out tiny-model    # random init + BPE trained on docs/
 """
+import functools
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -43,12 +44,6 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2
 
-    def __post_init__(self):
-        if self.hidden_act not in ACTIVATIONS:
-            raise UserError(f"hidden_act {self.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
-
     @property
     def position_offset(self) -> int:
         # fairseq's RoBERTa numbers positions from padding_idx+1; BERT from 0.
@@ -60,11 +55,8 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
         return self.max_position_embeddings - self.position_offset
 
 
-def _gelu_tanh(x):
-    return F.gelu(x, approximate="tanh")
-
-
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh}
+GELU_TANH = functools.partial(F.gelu, approximate="tanh")
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH, "gelu_pytorch_tanh": GELU_TANH}
 
 # -----------------------------------------------------------------------------------------------
 # The network
@@ -270,11 +262,12 @@ def hf_state_dict(model: Encoder) -> dict[str, torch.Tensor]:
 def load_config_and_tokenizer(name: str):
     """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
     path = H.resolve(name, weights=False) / "config.json"
-    try:
-        config = ModelConfig(**H.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
-    except UserError as e:
-        raise UserError(f"{path}: {e}") from None
-    return config, H.load_tokenizer(path.parent)
+    c = ModelConfig(**H.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
+    if c.hidden_act not in ACTIVATIONS:
+        raise UserError(f"{path}: hidden_act {c.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
+    if c.hidden_size % c.num_attention_heads:
+        raise UserError(f"{path}: hidden_size {c.hidden_size} is not a multiple of {c.num_attention_heads} heads")
+    return c, H.load_tokenizer(path.parent)
 
 
 def load_pretrained(name: str, verbose: bool = True):
