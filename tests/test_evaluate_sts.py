@@ -64,7 +64,7 @@ def test_each_semeval_layout_from_the_samples():
 def test_traps_in_a_senteval_tree(tmp_path):
     root = tmp_path / "downstream" / "STS"
     for year in (12, 16):
-        src = next(SAMPLES.glob(f"STS{year}"))
+        src = next(need(SAMPLES).glob(f"STS{year}"))
         dst = root / f"STS{year}-en-test"  # SentEval's folder names
         shutil.copytree(need(src), dst)
     d = root / "STS12-en-test"
