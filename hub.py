@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import UserError, cli, offline, read_json, write_atomic
+from common import UserError, cli, make_dirs, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -36,9 +36,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 
 def load_tokenizer(d: Path) -> Tokenizer:
     if (d / "tokenizer.json").exists():
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok = _readable(d / "tokenizer.json", lambda: Tokenizer.from_file(str(d / "tokenizer.json")))
     elif (d / "vocab.json").exists() and (d / "merges.txt").exists():  # GPT-2 style files, as RoBERTa ships
-        tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
+        tok = Tokenizer(_readable(d / "vocab.json", lambda: models.BPE.from_file(str(d / "vocab.json"),
+                                                                              str(d / "merges.txt"))))
         _byte_level(tok)
     elif (d / "vocab.txt").exists():  # WordPiece, as BERT ships
         tok = _wordpiece(d)
@@ -50,9 +51,18 @@ def load_tokenizer(d: Path) -> Tokenizer:
     return tok
 
 
+def _readable(path: Path, load):
+    """load(), or one line naming the file: the tokenizers library raises a bare Exception on a bad file."""
+    try:
+        return load()
+    except Exception as e:
+        raise UserError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0][:200]})") from None
+
+
 def _wordpiece(d: Path) -> Tokenizer:
     lower = read_json(d / "tokenizer_config.json", {}).get("do_lower_case", True)
-    tok = Tokenizer(models.WordPiece.from_file(str(d / "vocab.txt"), unk_token="[UNK]"))
+    tok = Tokenizer(_readable(d / "vocab.txt", lambda: models.WordPiece.from_file(str(d / "vocab.txt"),
+                                                                                  unk_token="[UNK]")))
     tok.normalizer = normalizers.BertNormalizer(lowercase=lower)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
@@ -237,8 +247,12 @@ def resolve(name: str, weights: bool = True) -> Path:
     d = Path(name).expanduser()
     if d.is_dir():
         return d
-    if d.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) or name.startswith("."):
-        raise UserError(f"{name}: not a directory")
+    if d.exists():
+        raise UserError(f"{name}: not a directory (a model is a folder holding config.json and its weights)")
+    # A hub id is `name` or `org/name`; anything else, or a path under a folder that exists here, is local
+    hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and not name.startswith(".")
+    if not hub_id or (len(d.parts) > 1 and d.parent.is_dir()):
+        raise UserError(f"{name}: no such folder")
     return hub_download(name, files=HUB_FILES if weights else HUB_FILES[:2])
 
 
@@ -297,11 +311,9 @@ class _Repo:
             raise UserError(f"cannot reach {self.endpoint} ({getattr(e, 'reason', e)}); {self.instead}") from None
         size = int(head.get("X-Linked-Size") or head.get("Content-Length") or -1)
         etag = (head.get("X-Linked-Etag") or head.get("ETag") or "").removeprefix("W/").strip('"')
-        self.snap.mkdir(parents=True, exist_ok=True)
-        try:  # only a complete, verified file ever gets its real name
-            write_atomic(self.snap / name, lambda tmp: self._receive(resp, tmp, name, size, etag))
-        except (OSError, http.client.HTTPException) as e:
-            raise UserError(f"{url}: download failed ({e!r})") from None
+        make_dirs(self.snap, "set HF_HOME to a folder you can write")
+        # only a complete, verified file ever gets its real name
+        write_atomic(self.snap / name, lambda tmp: self._receive(resp, tmp, name, size, etag))
         if self.snap.name != self.revision:
             self.ref.parent.mkdir(parents=True, exist_ok=True)
             self.ref.write_text(self.snap.name)
@@ -310,7 +322,7 @@ class _Repo:
     def _receive(self, resp, tmp: Path, name: str, size: int, etag: str):
         h, n, url = hashlib.sha256(), 0, f"{self.endpoint}/{self.repo}/resolve/{self.revision}/{name}"
         with resp, open(tmp, "wb") as f:
-            while chunk := resp.read(1 << 20):
+            while chunk := _read(resp, url):
                 f.write(chunk)
                 h.update(chunk)
                 n += len(chunk)
@@ -322,6 +334,13 @@ class _Repo:
             raise UserError(f"{url}: sha256 {h.hexdigest()} differs from the server's {etag}")
         if re.fullmatch(r"[0-9a-f]{40}", etag) and _git_sha1(tmp) != etag:  # small files: git's blob id
             raise UserError(f"{url}: content differs from the server's git blob id {etag}")
+
+
+def _read(resp, url: str) -> bytes:
+    try:
+        return resp.read(1 << 20)
+    except (OSError, http.client.HTTPException) as e:
+        raise UserError(f"{url}: download failed ({e!r})") from None
 
 
 def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:

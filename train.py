@@ -14,27 +14,43 @@ a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to nor
         train.py --model roberta-base --data owt/ --out runs/declutr-base
     python train.py --out runs/declutr-small --resume          # continue from the newest checkpoint
 """
+import contextlib
 import functools
 import json
 import math
 import os
 import re
 import shutil
+import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+import evaluate_sts
 import hub as H
 import loss as L
 import model as M
 import sampler as S
-from common import UserError, cache_dir, cli, parse_config, write_atomic
+from common import (
+    UserError,
+    bounded,
+    cache_dir,
+    choice,
+    cli,
+    given_fields,
+    make_dirs,
+    parse_config,
+    remove_stale_temporaries,
+    write_atomic,
+)
 
 
 @dataclass
@@ -42,37 +58,58 @@ class TrainConfig:
     model: str = ""  # hub id, local directory, or scratch:SHAPE (tiny, small, ...); empty: distilroberta-base
     data: list = field(default_factory=list)  # .txt / .jsonl (optionally .gz) files and directories; none: the demo
     out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
-    resume: bool = False  # continue from the newest checkpoint in out (with its stored configuration)
+    resume: bool = False  # continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured
     overwrite: bool = False  # start afresh in an out that holds an earlier run
-    docs_per_step: int = 16  # N, over all ranks together
-    num_anchors: int = 2  # A
-    num_positives: int = 2  # P
-    min_span: int = 32  # l_min, tokens
-    max_span: int = 512  # l_max, tokens (lowered to fit the model's positions)
+    docs_per_step: int = bounded(16, 1)  # N, over all ranks together
+    num_anchors: int = bounded(2, 1)  # A
+    num_positives: int = bounded(2, 1)  # P
+    min_span: int = bounded(32, 1)  # l_min, tokens
+    max_span: int = bounded(512, 1)  # l_max, tokens (lowered to fit the model's positions)
     scale_short_docs: bool = False  # sample documents shorter than 2*A*l_max with a smaller l_max
-    temperature: float = 0.05  # tau of NT-Xent
-    mlm_probability: float = 0.15
+    temperature: float = bounded(0.05, 0, strict=True)  # tau of NT-Xent
+    mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
     mlm: bool = True  # --no-mlm: contrastive only (the paper's Fig. 3 ablation)
     contrastive: bool = True  # --no-contrastive: MLM only
-    lr: float = 5e-5
-    weight_decay: float = 0.1
-    warmup_frac: float = 0.1  # slanted triangular cut_frac
-    lr_ratio: float = 32.0  # slanted triangular: lowest lr is lr / ratio
-    max_grad_norm: float = 1.0
-    steps: int = 0  # optimiser steps; 0: --epochs passes over the documents
-    epochs: int = 1
+    lr: float = bounded(5e-5, 0, strict=True)
+    weight_decay: float = bounded(0.1, 0)
+    warmup_frac: float = bounded(0.1, 0, 1)  # slanted triangular cut_frac
+    lr_ratio: float = bounded(32.0, 1)  # slanted triangular: lowest lr is lr / ratio
+    max_grad_norm: float = bounded(1.0, 0, strict=True)
+    steps: int = bounded(0, 0)  # optimiser steps; 0: --epochs passes over the documents
+    epochs: int = bounded(1, 1)
     seed: int = 0
-    chunk_tokens: int = 16384  # spans run in length-sorted chunks of at most this many padded tokens
+    chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
     grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
-    dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU), fp32, bf16
+    dtype: str = choice("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the encoder
-    log_every: int = 10
+    log_every: int = bounded(10, 1)
     eval_data: str = ""  # STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best
-    eval_every: int = 0  # steps between evaluations (0: only at the end)
-    ckpt_every: int = 500
-    keep_ckpts: int = 2
-    workers: int = 2  # DataLoader workers per rank
+    eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
+    ckpt_every: int = bounded(500, 1)
+    keep_ckpts: int = bounded(2, 1)  # the newest checkpoints kept
+    workers: int = bounded(2, 0)  # DataLoader workers per rank
+    threads: int = bounded(0, 0)  # torch CPU threads per rank; 0: this rank's share of the cores, less one
     cache_dir: str = ""  # tokenised corpus cache (default ~/.cache/declutr)
+
+    def validate(self):
+        if self.min_span > self.max_span:
+            raise UserError(f"--min-span {self.min_span}: must be at most --max-span {self.max_span}", code=2)
+        if not (self.mlm or self.contrastive):
+            raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
+        if self.contrastive and self.docs_per_step * self.num_anchors < 2:
+            raise UserError(f"--docs-per-step {self.docs_per_step} with --num-anchors {self.num_anchors}: the "
+                            f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
+        shape = self.model.removeprefix("scratch:")
+        if self.model.startswith("scratch:") and shape not in M.SHAPES:
+            raise UserError(f"--model {self.model}: unknown shape (one of {', '.join(M.SHAPES)})", code=2)
+
+
+# Flags that --resume takes from the command line: they extend the run or change what is logged, evaluated and
+# kept, not the model's trajectory. Any other flag given with --resume is refused.
+RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval_every", "ckpt_every", "keep_ckpts",
+             "workers", "threads", "cache_dir"}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -80,46 +117,76 @@ class TrainConfig:
 
 
 def train_step(model, batch, cfg: TrainConfig, world: int = 1) -> dict:
-    """Forward and backward of this rank's documents; leaves its share of the global gradient in .grad."""
-    spans = Spans(batch, cfg, model, world)
+    """Forward and backward of this rank's documents; leaves the step's gradient in .grad (under torchrun,
+    `model` is the DDP-wrapped Chunks of the encoder that setup() builds, and DDP averages the gradients)."""
+    net, encoder = chunks_of(model)
+    spans = Spans(batch, cfg, encoder, world)
     # Spans of similar length run together, in chunks within a token budget (length_groups, below)
     groups = length_groups(spans.lengths, cfg.chunk_tokens)
     if cfg.grad_cache:
-        return grad_cache_step(model, spans, groups, cfg)
-    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, chunk by chunk
-    outs = [encode(model, spans, group, cfg) for group in groups]
+        return grad_cache_step(net, encoder, spans, groups, cfg)
+    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
+    emb, mlm = net(spans, groups, cfg)
     # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
-    emb = torch.cat([e for e, _ in outs])[spans.unsort(groups)]
+    emb = emb[spans.unsort(groups)]
     # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
-    mlm = sum(m for _, m in outs)
     # §3.3: one objective, contrastive + MLM, one backward
     (contrastive + mlm).backward()
     return spans.stats(contrastive, mlm, cfg)
 
 
-def grad_cache_step(model, spans, groups, cfg: TrainConfig) -> dict:
+def grad_cache_step(net, encoder, spans, groups, cfg: TrainConfig) -> dict:
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
     states, embs = [], []
     with torch.no_grad():
         for group in groups:
             states.append(rng_state(spans.device))
-            embs.append(encode(model, spans, group, cfg, with_mlm=False)[0])
+            embs.append(encode(encoder, spans, group, cfg, with_mlm=False)[0])
     # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
     emb = torch.cat(embs)[spans.unsort(groups)].requires_grad_()
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
     grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
     grad = grad[torch.as_tensor(np.concatenate(groups), device=spans.device)]
+    starts = np.cumsum([0] + [len(g) for g in groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
     # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
-    # the chain rule through the embeddings, one chunk in memory at a time
-    mlm, at = 0.0, 0
-    for group, state in zip(groups, states, strict=True):
-        set_rng_state(state, spans.device)
-        e, m = encode(model, spans, group, cfg)
-        ((e * grad[at:at + len(group)]).sum() + m).backward()
-        mlm, at = mlm + m.detach(), at + len(group)
+    # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
+    # only, where every parameter must take part: a chunk with anchors (and so the MLM head) goes last.
+    order = sorted(range(len(groups)), key=lambda k: bool((groups[k] < spans.n_anchors).any()))
+    mlm = 0.0
+    for i, k in enumerate(order):
+        set_rng_state(states[k], spans.device)
+        with accumulate_locally(net, i < len(order) - 1):
+            e, m = net(spans, [groups[k]], cfg)
+            ((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
+        mlm = mlm + m.detach()
     return spans.stats(contrastive, mlm, cfg)
+
+
+class Chunks(nn.Module):
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
+    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, spans, groups, cfg: TrainConfig, with_mlm: bool = True):
+        outs = [encode(self.encoder, spans, group, cfg, with_mlm) for group in groups]
+        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
+
+
+def chunks_of(model):
+    """(what runs the chunks, the bare encoder) for an encoder or for setup()'s DDP(Chunks(encoder))."""
+    if isinstance(model, DDP):
+        return model, model.module.encoder
+    return Chunks(model), model
+
+
+def accumulate_locally(net, local: bool):
+    """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces them all."""
+    return net.no_sync() if local and isinstance(net, DDP) else contextlib.nullcontext()
 
 
 def encode(model, spans, group: np.ndarray, cfg: TrainConfig, with_mlm: bool = True):
@@ -148,16 +215,16 @@ def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
 class Spans:
     """One step's spans as one list, anchors first (MLM-corrupted when MLM is on), then the positives."""
 
-    def __init__(self, batch, cfg: TrainConfig, model, world: int):
-        self.device = next(model.parameters()).device
-        self.pad, self.world, self.n_anchors = model.config.pad_token_id, world, len(batch["anchors"])
+    def __init__(self, batch, cfg: TrainConfig, encoder, world: int):
+        self.device = next(encoder.parameters()).device
+        self.pad, self.world, self.n_anchors = encoder.config.pad_token_id, world, len(batch["anchors"])
         self.anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
         self.positives = batch["positives"]
         self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"]]).numpy()
         if not cfg.contrastive:  # MLM alone (Fig. 3's ablation) has no use for the positives
             self.lengths = self.lengths[:self.n_anchors]
         self.labels = batch["mlm_labels"].to(self.device)
-        # MLM is a mean over the masked tokens of the whole global batch; gradients are averaged over ranks, so
+        # MLM is a mean over the masked tokens of the whole global batch; DDP averages gradients over ranks, so
         # each rank's share is its sum divided by the global count over world.
         n_masked = (self.labels != -100).sum().float()
         if world > 1:
@@ -218,17 +285,6 @@ def set_rng_state(state, device):
         torch.cuda.set_rng_state(state[1], device)
 
 
-def average_gradients(model, world):
-    """What DDP does, once per step: DeCLUTR's step runs several forwards (length groups, GradCache) and
-    backwards, which DDP's one-forward-one-backward hooks do not allow."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    flat /= world
-    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        g.copy_(part.view_as(g))
-
-
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     """Slanted triangular (Howard & Ruder, 2018): a short linear rise over cut_frac of the steps, a long fall."""
     cut = max(1, math.floor(total * cfg.warmup_frac))
@@ -253,7 +309,7 @@ class Run:
     cfg: TrainConfig
     out: Path
     model: torch.nn.Module
-    net: torch.nn.Module  # the model, compiled when --compile
+    net: torch.nn.Module  # what train_step runs: the model (compiled with --compile), in DDP(Chunks) under torchrun
     tok: object
     opt: torch.optim.Optimizer
     batches: S.SpanBatches
@@ -280,9 +336,7 @@ def train(r: Run):
         if not math.isfinite(s["contrastive"] + s["mlm"]):
             raise UserError(f"loss is {s['contrastive'] + s['mlm']} at step {r.step + 1}; last good checkpoint: "
                             f"{r.last_good or 'none yet'}")
-        # Every rank ends with the same gradient (the average), clipped to norm 1.0, and takes the same update
-        if r.world > 1:
-            average_gradients(r.model, r.world)
+        # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
         gnorm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), cfg.max_grad_norm)
         r.opt.step()
         r.opt.zero_grad(set_to_none=True)
@@ -327,12 +381,18 @@ def log(r: Run, rec: dict, elapsed: float, steps_done: int):
 def main(argv=None):
     cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
     rank, local, world, device = setup_distributed()
+    r, threads = None, torch.get_num_threads()
     try:
-        r = setup(cfg, rank, local, world, device)
+        r = setup(cfg, given_fields(argv), rank, local, world, device)
         train(r)
         if rank == 0:
             finish(r)
+    except KeyboardInterrupt:  # Ctrl-C: one line, the checkpoint to resume from
+        where = f"at step {r.step}; last checkpoint: {r.last_good or 'none yet'}" if r else "before training began"
+        raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {r.out} --resume)"
+                                                   if r and r.last_good else ""), code=130) from None
     finally:
+        torch.set_num_threads(threads)
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -364,70 +424,121 @@ def say(rank, *a, **k):
         print(*a, **k, flush=True)
 
 
-def run_folder(cfg: TrainConfig, rank: int, world: int):
-    """(the configuration, the run folder, its newest checkpoint and that checkpoint's state, or None, None)."""
-    if not cfg.data and not cfg.resume:
-        cfg = demo_config(cfg, rank, world)
-    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or "runs/declutr")
-    out = Path(cfg.out)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
-    newest = (checkpoints(out) or [None])[-1] if cfg.resume or restarted else None
-    if newest:
-        state = read_train_state(newest)
-        return TrainConfig(**{**state["config"], "resume": True}), out, newest, state  # goes on exactly as it was
-    if cfg.resume and not restarted:
-        raise UserError(f"{out}: no checkpoint to resume from")
-    if out.exists() and any(out.iterdir()):
-        if not (cfg.overwrite or restarted):  # a restart before the first checkpoint starts over
-            raise UserError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
-        if rank == 0:
-            for p in (out / "checkpoints", out / "model", out / "best"):
-                shutil.rmtree(p, ignore_errors=True)
-            (out / "metrics.jsonl").unlink(missing_ok=True)
-    return cfg, out, None, None
-
-
-def setup(cfg: TrainConfig, rank: int, local: int, world: int, device) -> Run:
-    cfg, out, newest, state = run_folder(cfg, rank, world)
+def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, device) -> Run:
+    """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced."""
+    cfg, out, resume_from = run_folder(cfg, given, rank, world)
     if cfg.docs_per_step % world:
-        raise UserError(f"--docs-per-step {cfg.docs_per_step} does not split over {world} ranks")
-    if not (cfg.mlm or cfg.contrastive):
-        raise UserError("--no-mlm and --no-contrastive together leave nothing to train")
+        raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {world} ranks", code=2)
+    torch.set_num_threads(cfg.threads or default_threads())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
-    model, tok = build_model(cfg, rank, world)
+    pairs = load_eval_data(cfg.eval_data)
+    model, tok = resume_from.model if resume_from else build_model(cfg, rank, world)
     model.to(device).train()
     batches = S.SpanBatches(prepare_corpus(cfg, tok, rank, local, world), tok, sampler_config(cfg, world),
                             model.config.max_tokens, rank, world, quiet=rank != 0)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
+    if resume_from and resume_from.step >= total and not restarted():
+        raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
+                        f"{resume_from.step}) to train it further")
+    if rank == 0:
+        prepare_run_folder(out, resume_from)
     opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     net = torch.compile(model, dynamic=True) if cfg.compile else model
-    r = Run(cfg, out, model, net, tok, opt, batches, total, rank=rank, world=world, last_good=newest)
-    if newest:
-        load_checkpoint(newest, model, opt, state)
-        r.step, r.best = state["step"], state.get("best", -1.0)
-        say(rank, f"resuming at step {r.step} from {newest}")
-        if rank == 0 and (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they rerun
-            lines = (out / "metrics.jsonl").read_text().splitlines()
-            kept = "".join(line + "\n" for line in lines if json.loads(line)["step"] <= r.step)
-            write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.eval_data:
-        import evaluate_sts
-
-        pairs = evaluate_sts.load_stsb_dev(cfg.eval_data)
+    if world > 1:  # gradients all-reduced in buckets during backward; the MLM head is unused under --no-mlm
+        net = DDP(Chunks(net), device_ids=[device.index] if device.type == "cuda" else None,
+                  find_unused_parameters=not cfg.mlm)
+    r = Run(cfg, out, model, net, tok, opt, batches, total, rank=rank, world=world)
+    if resume_from:
+        opt.load_state_dict(resume_from.state["optimizer"])
+        r.step, r.best, r.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
+        say(rank, f"resuming at step {r.step} from {r.last_good}")
+    if pairs:
         r.evaluate = functools.partial(evaluate_sts.spearman_of, model, tok, pairs)
     say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
               f"documents")
     return r
 
 
+def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
+    """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing."""
+    if not cfg.data and not cfg.resume:
+        cfg = demo_config(cfg, rank, world)
+    if cfg.resume and not cfg.out:  # the newest of the default run folders: `python train.py --resume` after the demo
+        cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: newest_mtime(Path(d)))))
+    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or DEFAULT_OUTS[0])
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder", code=2)
+    if cfg.resume or restarted():
+        resume_from = newest_checkpoint(out, rank)
+        if resume_from:
+            return resumed_config(cfg, given, resume_from), out, resume_from
+        if not restarted():
+            raise UserError(f"{out}: no checkpoint to resume from")
+    if out.is_dir() and any(out.iterdir()) and not (cfg.overwrite or restarted()):  # a restart before the first
+        raise UserError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
+    return cfg, out, None
+
+
+DEFAULT_OUTS = ("runs/declutr", "runs/demo")
+
+
+def restarted() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
+
+
+def resumed_config(cfg: TrainConfig, given: set, resume_from) -> TrainConfig:
+    """The stored configuration, with the flags of RESUMABLE that the command line gives."""
+    names = {f.name for f in fields(TrainConfig)}
+    stored = TrainConfig(**{k: v for k, v in resume_from.state["config"].items() if k in names})
+    if restarted():  # torchrun's restart: the same command line as the run it continues
+        return replace(stored, resume=True)
+    if refused := sorted(given & names - RESUMABLE):
+        flag = refused[0].replace("_", "-")
+        raise UserError(f"--{flag} cannot change when resuming {cfg.out} (the run continues as it was configured: "
+                        f"{getattr(stored, refused[0])!r}); start a new run in another --out instead", code=2)
+    return replace(stored, resume=True, **{k: getattr(cfg, k) for k in given & RESUMABLE})
+
+
+def prepare_run_folder(out: Path, resume_from):
+    """Clear an earlier run (--overwrite), or cut metrics.jsonl back to the checkpoint a resumed run continues."""
+    make_dirs(out)
+    if not resume_from:
+        for p in (out / "checkpoints", out / "model", out / "best"):
+            shutil.rmtree(p, ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    elif (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they run again
+        kept = "".join(line + "\n" for line in (out / "metrics.jsonl").read_text().splitlines()
+                       if _step_of(line) <= resume_from.step)
+        write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
+    remove_stale_temporaries(out / "checkpoints")
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short by a kill
+        return math.inf
+
+
+def load_eval_data(path: str):
+    """STS-B dev pairs for --eval-data, read before the corpus is prepared so that a bad path stops the run early."""
+    return evaluate_sts.load_stsb_dev(path) if path else None
+
+
+def default_threads() -> int:
+    """This rank's share of the cores, less one for data loading and whatever else runs: on a small machine, torch's
+    threads spinning at barriers against a busy core cost 12x (the demo on 2 cores: 5 s alone, 74 s beside one
+    busy process with 2 threads; 7 s with 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
+
+
 def build_model(cfg: TrainConfig, rank: int, world: int):
     """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0."""
     if not cfg.model.startswith("scratch:"):
         return M.load_pretrained(cfg.model, verbose=rank == 0)
-    shape = cfg.model.split(":", 1)[1]
-    if shape not in M.SHAPES:
-        raise UserError(f"unknown shape {shape!r} (one of {', '.join(M.SHAPES)})")
+    shape = cfg.model.removeprefix("scratch:")
     tok_json = [None]
     if rank == 0:
         tok_json = [H.train_tokenizer(S.document_texts(cfg.data), M.SHAPES[shape]["vocab_size"]).to_str()]
@@ -466,6 +577,10 @@ def checkpoints(out: Path) -> list[Path]:
                   if re.fullmatch(r"step-\d{8}", p.name) and (p / "train_state.pt").exists())
 
 
+def newest_mtime(out: Path) -> float:
+    return max((p.stat().st_mtime for p in checkpoints(out)), default=-1.0)
+
+
 def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, extra: dict):
     final = out / "checkpoints" / f"step-{step:08d}"
 
@@ -474,15 +589,42 @@ def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, ext
         state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
         torch.save(state, folder / "train_state.pt")
 
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(final.parent)
     write_atomic(final, write)  # a checkpoint exists whole or not at all
     for old in checkpoints(out)[:-cfg.keep_ckpts]:
         shutil.rmtree(old)
     return final
 
 
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict  # train_state.pt: optimizer, step, config, best
+    model: tuple  # (encoder, tokenizer)
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+
+def newest_checkpoint(out: Path, rank: int = 0) -> Checkpoint | None:
+    """The newest checkpoint that reads back whole; one that does not is named, and the one before it used."""
+    for path in reversed(checkpoints(out)):
+        try:
+            return Checkpoint(path, read_train_state(path), M.load_pretrained(str(path), verbose=False))
+        except UserError as e:
+            say(rank, f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
+    return None
+
+
 def read_train_state(path: Path) -> dict:
-    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)  # tensors and plain data only
+    try:  # tensors and plain data only
+        state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: the unpickler and the zip reader raise many kinds
+        raise UserError(f"{path / 'train_state.pt'}: not readable ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(state, dict) or not {"optimizer", "step", "config"} <= set(state):
+        raise UserError(f"{path / 'train_state.pt'}: not a train state of this project")
+    return state
 
 
 def load_checkpoint(path: Path, model, opt, state: dict | None = None):

@@ -30,7 +30,8 @@ def stsb_sentences(limit=None):
     return out[:limit] if limit else out
 
 
-def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, mask=4):
+def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, mask=4, anchor_len=(3, 41),
+                    positive_len=(3, 41)):
     """A batch in sampler.py's layout with random token ids: spans of 3-40 tokens, BERT-style MLM."""
     import numpy as np
     import torch
@@ -39,15 +40,15 @@ def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, ma
 
     rng = np.random.default_rng(seed)
 
-    def spans(n):
-        lengths = rng.integers(3, 41, n) + 2
+    def spans(n, low_high):
+        lengths = rng.integers(*low_high, n) + 2
         ids = np.full((n, lengths.max()), pad)
         for row, k in zip(ids, lengths, strict=True):
             row[0], row[1:k - 1], row[k - 1] = cls, rng.integers(5, vocab, k - 2), sep
         return ids, lengths
 
-    a, al = spans(n_docs * A)
-    p, pl = spans(n_docs * A * P)
+    a, al = spans(n_docs * A, anchor_len)
+    p, pl = spans(n_docs * A * P, positive_len)
     m_in, m_lab = S.mask_tokens(a, ~np.isin(a, [pad, cls, sep]), rng, mask, np.arange(5, vocab))
     t = torch.from_numpy
 
@@ -70,6 +71,14 @@ def tiny_encoder(vocab=300, seed=0, dropout=0.0):
     m = M.Encoder(c)
     m.init_weights(torch.Generator().manual_seed(seed))
     return m.train()
+
+
+# The configurations whose gradient through DDP must equal one process's (tests/ddp_grad.py, test_train.py), on a
+# batch whose anchors are longer than its positives, as DeCLUTR's are: the last length chunk holds no anchor.
+DDP_BATCH = dict(n_docs=6, anchor_len=(25, 41), positive_len=(3, 12))
+DDP_CONFIGS = {"plain": {}, "grad-cache": dict(grad_cache=True), "no-mlm": dict(mlm=False),
+               "no-mlm-grad-cache": dict(mlm=False, grad_cache=True), "no-contrastive": dict(contrastive=False),
+               "no-contrastive-grad-cache": dict(contrastive=False, grad_cache=True)}
 
 
 def half_batch(batch, rank, world, A=2, P=2):

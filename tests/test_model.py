@@ -269,7 +269,7 @@ def test_convert_refuses_code_in_pickles(tmp_path, capsys):
 def bad(tmp_path, what):
     d = tmp_path / "m"
     if what == "missing-dir":
-        return str(tmp_path / "nope/"), "not a directory"
+        return str(tmp_path / "nope/"), "no such folder"
     save_with_tokenizer(hf_tiny("roberta"), d)
     f = d / "model.safetensors"
     if what == "no-config":

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import loss as L
 import model as M
 import train as T
-from conftest import ROOT, SHARED, half_batch, need, synthetic_batch, tiny_encoder
+from conftest import DDP_BATCH, DDP_CONFIGS, ROOT, SHARED, half_batch, need, synthetic_batch, tiny_encoder
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -132,20 +132,25 @@ def reap():
             os.killpg(p.pid, signal.SIGKILL)
 
 
-def test_two_ranks_give_the_gradient_of_one_process(tmp_path):
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_under_ddp_give_the_gradient_of_one_process(tmp_path, world):
+    """train_step through DistributedDataParallel on 2 and 3 ranks (gloo), each with its share of the documents:
+    plain and GradCache, with MLM, without (--no-mlm: the MLM head unused) and MLM alone (--no-contrastive)."""
     out = tmp_path / "grads.pt"
     script = str(ROOT / "tests" / "ddp_grad.py")
-    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), script),
+    r = subprocess.run(torchrun(f"--nproc_per_node={world}", "--master_port", str(free_port()), script),
                        env={**os.environ, "DDP_GRAD_OUT": str(out), "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=180)
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     got = torch.load(out, weights_only=True)
-    batch = synthetic_batch(8)
-    ref = naive_grads(tiny_encoder(), batch)
-    assert_same(got[False], ref)
-    assert_same(got[True], ref)
-    half = half_batch(batch, 0, 2)  # and the test could tell: half the batch alone gives another gradient
-    assert max((naive_grads(tiny_encoder(), half)[n] - ref[n]).abs().max() for n in ref) > 1e-3
+    batch = synthetic_batch(**DDP_BATCH)
+    for name, kw in DDP_CONFIGS.items():
+        ref = step_grads(tiny_encoder(), batch, chunk_tokens=120, **kw)  # one process, the whole batch
+        for step in (0, 1):
+            assert_same(got[name, step], ref)
+    assert_same(step_grads(tiny_encoder(), batch), naive_grads(tiny_encoder(), batch))  # and that is the method's
+    half = half_batch(batch, 0, world)  # and the test could tell: one rank's documents alone give another gradient
+    assert max((naive_grads(tiny_encoder(), half)[n] - got["plain", 0][n]).abs().max() for n in got["plain", 0]) > 1e-3
 
 
 # --- whole runs --------------------------------------------------------------------------------------------
@@ -279,7 +284,7 @@ def test_bad_input(tmp_path, docs, capsys):
     assert "no document has" in one_line_error(capsys, run_args(tmp_path / "short", tmp_path / "o2"))
     bad_model = run_args(docs, tmp_path / "o3")
     bad_model[1] = str(tmp_path / "no-model/")
-    assert "not a directory" in one_line_error(capsys, bad_model)
+    assert "no such folder" in one_line_error(capsys, bad_model)
     msg = one_line_error(capsys, run_args(docs, tmp_path / "o4", "--temperature", "0"))
     assert "loss is nan at step 1" in msg and "none yet" in msg
     (tmp_path / "o5").mkdir()
