@@ -2,20 +2,26 @@
 common.py: plumbing the scripts share. A reader does not need this file to understand DeCLUTR.
 
 One of each: the user-error type and the CLI wrapper that turns it into one line on stderr, the dataclass ->
-command-line flags parser with its range checks, the atomic write (and JSON written with it), the cache folder,
-the offline switch and the JSON reader.
+command-line flags parser with its range checks, the atomic write (and JSON and torch.save written with it), the
+cache folder, the offline switch and the JSON reader; and the training run's plumbing: processes under torchrun,
+checkpoints written, found and read back, the run folder, the demo's documents.
 """
 import argparse
 import functools
 import inspect
 import json
+import math
 import os
 import re
 import shutil
 import socket
 import sys
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from datetime import timedelta
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
 
 
 class UserError(Exception):
@@ -56,7 +62,7 @@ def choice(default: str, *choices: str):
     return field(default=default, metadata={"choices": [default, *choices]})
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
         raise UserError(message, code=2)
 
@@ -66,7 +72,7 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     `positional`), the field's comment as its help, every default shown by --help. Ranges and choices are checked
     here, then the class's own validate(), so that a bad value stops the run before any work."""
     notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
-    ap, lists = _Parser(description=doc, allow_abbrev=False), set()
+    ap, lists = OneLineParser(description=doc, allow_abbrev=False), set()
     for f in fields(cls):
         if f.name in positional:
             ap.add_argument(f.name, nargs="+", help=notes.get(f.name, ""))
@@ -136,6 +142,8 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
                 raise
     except OSError as e:
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+    except UserError as e:  # from a write_atomic inside this one: name the file where it would have been
+        raise UserError(str(e).replace(str(tmp), str(path)), e.code) from None
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -169,6 +177,38 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def torch_save(obj, path: Path):
+    """torch.save, but a full disk raises the OSError that says so (torch.save itself reports "unexpected pos")."""
+    with open(path, "wb", buffering=0) as f:
+        out = _WholeWrites(f)
+        try:
+            torch.save(obj, out)
+        except RuntimeError:
+            if out.error:
+                raise out.error from None
+            raise
+
+
+class _WholeWrites:
+    """A file whose write() writes all it is given or raises the OSError that stopped it."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            while len(view):
+                view = view[self.f.write(view):]
+        except OSError as e:
+            self.error = e
+            raise
+        return len(data)
+
+    def flush(self):
+        self.f.flush()
 
 
 def write_json(path: Path, obj):
@@ -206,3 +246,165 @@ def read_json(path: Path, default=None):
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: cannot read JSON ({e})") from None
+
+
+# -----------------------------------------------------------------------------------------------
+# The training run: processes under torchrun, checkpoints, the run folder, the demo's documents (train.py)
+# out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
+
+
+def setup_distributed():
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    if world > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        # torchrun's agent keeps its store across --max-restarts rounds: a prefix per round keeps restarted
+        # workers from reading the addresses that the workers before them published.
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                              is_master=rank == 0 and not agent, timeout=timedelta(minutes=10))
+        store = dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+                                device_id=device if device.type == "cuda" else None)
+    return rank, local, world, device
+
+
+def say(rank, *a, **k):
+    if rank == 0:
+        print(*a, **k, flush=True)
+
+
+def prepare_run_folder(out: Path, resume_from):
+    """Clear an earlier run (--overwrite), or cut metrics.jsonl back to the checkpoint a resumed run continues."""
+    make_dirs(out)
+    if not resume_from:
+        for p in (out / "checkpoints", out / "model", out / "best"):
+            shutil.rmtree(p, ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    elif (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they run again
+        kept = "".join(line + "\n" for line in (out / "metrics.jsonl").read_text().splitlines()
+                       if _step_of(line) <= resume_from.step)
+        write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
+    remove_stale_temporaries(out / "checkpoints")
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short by a kill
+        return math.inf
+
+
+def default_threads() -> int:
+    """This rank's share of the cores, less one for data loading and whatever else runs: on a small machine, torch's
+    threads spinning at barriers against a busy core cost 12x (the demo on 2 cores: 5 s alone, 74 s beside one
+    busy process with 2 threads; 7 s with 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
+
+
+def checkpoints(out: Path) -> list[Path]:
+    d = out / "checkpoints"
+    if not d.exists():
+        return []
+    return sorted(p for p in d.glob("step-*")
+                  if re.fullmatch(r"step-\d{8}", p.name) and (p / "train_state.pt").exists())
+
+
+def newest_mtime(out: Path) -> float:
+    return max((p.stat().st_mtime for p in checkpoints(out)), default=-1.0)
+
+
+def save_checkpoint(out: Path, model, tok, opt, step: int, cfg, extra: dict):
+    """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout plus train_state.pt (optimizer, step, config)."""
+    import model as M  # model.py imports this file
+
+    final = out / "checkpoints" / f"step-{step:08d}"
+
+    def write(folder: Path):
+        M.save_pretrained(model, tok, folder)
+        state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
+        torch_save(state, folder / "train_state.pt")
+
+    make_dirs(final.parent)
+    write_atomic(final, write)  # a checkpoint exists whole or not at all
+    for old in checkpoints(out)[:-cfg.keep_ckpts]:
+        shutil.rmtree(old)
+    return final
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict  # train_state.pt: optimizer, step, config, best
+    model: tuple  # (encoder, tokenizer)
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+
+def newest_checkpoint(out: Path, rank: int = 0) -> "Checkpoint | None":
+    """The newest checkpoint that reads back whole; one that does not is named, and the one before it used."""
+    import model as M
+    for path in reversed(checkpoints(out)):
+        try:
+            return Checkpoint(path, read_train_state(path), M.load_pretrained(str(path), verbose=False))
+        except UserError as e:
+            say(rank, f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
+    return None
+
+
+def read_train_state(path: Path) -> dict:
+    try:  # tensors and plain data only
+        state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: the unpickler and the zip reader raise many kinds
+        raise UserError(f"{path / 'train_state.pt'}: not readable ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(state, dict) or not {"optimizer", "step", "config"} <= set(state):
+        raise UserError(f"{path / 'train_state.pt'}: not a train state of this project")
+    return state
+
+
+def load_checkpoint(path: Path, model, opt, state: dict | None = None):
+    import model as M
+
+    state = state or read_train_state(path)
+    loaded, _ = M.load_pretrained(str(path), verbose=False)
+    model.load_state_dict(loaded.state_dict())
+    opt.load_state_dict(state["optimizer"])
+    return state
+
+
+def demo_corpus(cache: str) -> Path:
+    """Text that every Python installation carries, one document per file: the language reference's help
+    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    root = cache_dir(cache) / "demo-corpus"
+    if root.exists():
+        return root
+    docs = {f"topic-{k}": v for k, v in topics.items()}
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
+            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+
+    def write(folder: Path):
+        folder.mkdir(parents=True)
+        for name, text in docs.items():
+            if len(text) > 2000:
+                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+
+    make_dirs(root.parent, "pass --cache-dir with a folder you can write")
+    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
+    return root

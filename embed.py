@@ -27,7 +27,7 @@ import torch
 
 import hub as H
 import model as M
-from common import UserError, cli, parse_config, write_atomic
+from common import UserError, bounded, choice, cli, parse_config, write_atomic
 
 
 @dataclass
@@ -35,13 +35,22 @@ class EmbedConfig:
     model: str = ""  # hub id or local Hugging Face directory
     inputs: list = field(default_factory=list)  # .txt (a text a line, empty lines too), .jsonl (field text), - (stdin)
     output: str = "embeddings.npy"  # written under a temporary name, renamed when complete
-    format: str = field(default="npy", metadata={"choices": ["npy", "jsonl"]})  # npy: float32 (texts, hidden)
+    overwrite: bool = False  # replace an --output that exists
+    format: str = field(default="", metadata={"choices": ["npy", "jsonl"]})  # default: --output's extension
     normalize: bool = False  # unit vectors, so that dot products are cosines
-    long: str = field(default="truncate", metadata={"choices": ["truncate", "chunk"]})  # texts over the model's length
-    batch_tokens: int = 0  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
-    block: int = 16384  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
+    long: str = choice("truncate", "chunk")  # texts over the model's length
+    batch_tokens: int = bounded(0, 0)  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
+    block: int = bounded(16384, 1)  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    dtype: str = field(default="auto", metadata={"choices": ["auto", "fp32", "bf16", "fp16"]})  # auto: fp32, GPU bf16
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: fp32 on a CPU, bf16 on a GPU
+
+    def validate(self):
+        """npy (float32, texts x hidden) or jsonl (an {"embedding": [...]} per line), by --output's extension."""
+        suffix = Path(self.output).suffix
+        if not self.format and suffix not in (".npy", ".jsonl"):
+            raise UserError(f"--output {self.output}: cannot tell the format from its name; pass --format npy or "
+                            f"--format jsonl", code=2)
+        self.format = self.format or suffix[1:]
 
 
 def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
@@ -134,6 +143,21 @@ def _blocks(cfg, stdin_copy):
         yield block
 
 
+def check_paths(cfg: EmbedConfig, out: Path):
+    """Every input readable, and an output that overwrites nothing the user has (unless --overwrite)."""
+    for p in cfg.inputs:
+        if p != "-" and not Path(p).is_file():
+            raise UserError(f"{p}: no such file")
+        if p != "-" and Path(p).resolve() == out.resolve():
+            raise UserError(f"--output {out}: is also an input, which it would overwrite")
+    if out.is_dir():
+        raise UserError(f"--output {out}: is a folder; name the file to write")
+    if out.exists() and not cfg.overwrite:
+        raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
+    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
+        raise UserError(f"{out}: cannot write into {out.parent}")
+
+
 def device_and_dtype(cfg: EmbedConfig):
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     dtype = {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
@@ -164,11 +188,7 @@ def main(argv=None):
     out = Path(cfg.output)
     if not cfg.model:
         raise UserError("no --model given: a hub id or a local Hugging Face directory")
-    for p in cfg.inputs:
-        if p != "-" and not Path(p).is_file():
-            raise UserError(f"{p}: no such file")
-    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
-        raise UserError(f"{out}: cannot write into {out.parent}")
+    check_paths(cfg, out)
     device, dtype = device_and_dtype(cfg)
     model, tok = M.load_pretrained(cfg.model, verbose=False)
     model.to(device)

@@ -27,7 +27,18 @@ import torch
 
 import embed as E
 import model as M
-from common import UserError, cache_dir, cli, offline, parse_config, write_atomic, write_json
+from common import (
+    UserError,
+    bounded,
+    cache_dir,
+    choice,
+    cli,
+    make_dirs,
+    offline,
+    parse_config,
+    write_atomic,
+    write_json,
+)
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
@@ -37,9 +48,16 @@ class EvalConfig:
     model: list = field(default_factory=list)  # one or more models (hub ids or local directories), side by side
     data: str = ""  # folder holding the task files (searched recursively); empty: download the STS Benchmark
     tasks: list = field(default_factory=list)  # subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all found)
-    split: str = field(default="test", metadata={"choices": ["dev", "test"]})  # STS12-16 have only test data
+    split: str = choice("test", "dev")  # STS12-16 have only test data
     json: str = ""  # also write the scores here
-    batch_tokens: int = 0  # embed.py's token budget per batch (0: its default)
+    batch_tokens: int = bounded(0, 0)  # embed.py's token budget per batch (0: its default)
+
+    def validate(self):
+        if unknown := [t for t in self.tasks if t not in TASKS]:
+            raise UserError(f"--tasks {unknown[0]}: not a task (one of {', '.join(TASKS)})", code=2)
+
+
+TASKS = ("STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -138,7 +156,7 @@ def read_stsb(path: Path):
         cols = line.split("\t")
         if len(cols) < 7:
             raise UserError(f"{path}:{n}: expected 7 tab-separated columns, found {len(cols)}")
-        gold.append(float(cols[4]))
+        gold.append(_score(cols[4], f"{path}:{n}"))
         a.append(cols[5])
         b.append(cols[6])
     return a, b, np.array(gold)
@@ -146,16 +164,23 @@ def read_stsb(path: Path):
 
 def read_sick(path: Path, split: str):
     """SICK files carry a header; the full SICK.txt names each pair's split in SemEval_set."""
-    rows = [line.split("\t") for line in _lines(path) if line.strip()]
-    head = rows[0]
+    rows = [(n, line.split("\t")) for n, line in enumerate(_lines(path), 1) if line.strip()]
+    head = rows[0][1] if rows else []
     try:
         ia, ib, ig = head.index("sentence_A"), head.index("sentence_B"), head.index("relatedness_score")
     except ValueError:
         raise UserError(f"{path}: no sentence_A, sentence_B and relatedness_score columns in the header") from None
     keep = {"dev": "TRIAL", "test": "TEST"}[split]
     iset = head.index("SemEval_set") if "SemEval_set" in head else None
-    rows = [r for r in rows[1:] if iset is None or r[iset].strip() == keep]
-    return [r[ia] for r in rows], [r[ib] for r in rows], np.array([float(r[ig]) for r in rows])
+    a, b, gold = [], [], []
+    for n, r in rows[1:]:
+        if len(r) < len(head):
+            raise UserError(f"{path}:{n}: expected {len(head)} tab-separated columns, found {len(r)}")
+        if iset is None or r[iset].strip() == keep:
+            a.append(r[ia])
+            b.append(r[ib])
+            gold.append(_score(r[ig], f"{path}:{n}"))
+    return a, b, np.array(gold)
 
 
 def read_semeval(inp: Path, gs: Path):
@@ -173,8 +198,18 @@ def read_semeval(inp: Path, gs: Path):
             raise UserError(f"{inp}:{n}: expected two tab-separated sentences")
         a.append(cols[0])
         b.append(cols[1])
-        gold.append(float(g))
+        gold.append(_score(g, f"{gs}:{n}"))
     return a, b, np.array(gold)
+
+
+def _score(text: str, where: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not np.isfinite(x):
+        raise UserError(f"{where}: gold score {text.strip()!r} is not a number")
+    return x
 
 
 def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
@@ -220,7 +255,7 @@ def download_stsb() -> Path:
             want = ("sts-train.csv", "sts-dev.csv", "sts-test.csv")
             if not all(w in found for w in want):
                 raise UserError(f"{url}: no {', '.join(want)} in the archive; {how}")
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d, "pass --data with a copy of the STS Benchmark")
             for w in want:  # by name only: nothing in the archive chooses where a file lands
                 data = tar.extractfile(found[w]).read()
                 write_atomic(d / w, lambda tmp, data=data: tmp.write_bytes(data))
@@ -250,14 +285,13 @@ def main(argv=None):
     cfg = parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
     if not cfg.model:
         raise UserError("no --model given")
+    if cfg.json and not Path(cfg.json).resolve().parent.is_dir():
+        raise UserError(f"--json {cfg.json}: no folder {Path(cfg.json).parent} to write it into")
     root = Path(cfg.data) if cfg.data else download_stsb()
     if not root.is_dir():
         raise UserError(f"{root}: not a directory")
     tasks = find_tasks(root, cfg.split)
     if cfg.tasks:
-        unknown = set(cfg.tasks) - {"STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16"}
-        if unknown:
-            raise UserError(f"unknown tasks {', '.join(sorted(unknown))}")
         tasks = {t: v for t, v in tasks.items() if t in cfg.tasks}
     if not tasks:
         raise UserError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"

@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import UserError, cli, make_dirs, offline, read_json, write_atomic
+from common import OneLineParser, UserError, cli, make_dirs, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -208,7 +208,13 @@ def read_safetensors(d: Path, kind: str) -> dict[str, torch.Tensor]:
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]):
-    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), {"format": "pt"}))
+    def write(tmp: Path):
+        try:
+            save_file(tensors, str(tmp), {"format": "pt"})
+        except SafetensorError as e:  # an I/O error (a full disk) comes back as this; write_atomic names the file
+            raise OSError(re.sub(r"^.*I/O error: (.*?)( \(os error \d+\))?$", r"\1", str(e))) from None
+
+    write_atomic(path, write)
 
 
 def convert_bin(name: str, out: str | None) -> Path:
@@ -368,8 +374,8 @@ def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:
 def main(argv=None):
     import model as M  # this command line serves model.py, which imports this file
 
-    ap = argparse.ArgumentParser(prog="model.py", description=M.__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = OneLineParser(prog="model.py", description=M.__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
     cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
@@ -381,6 +387,7 @@ def main(argv=None):
     sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
     sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
     sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
+    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     a = ap.parse_args(argv)
     if a.cmd == "info":
         model, _ = M.load_pretrained(a.model)
@@ -395,6 +402,9 @@ def main(argv=None):
     else:
         from sampler import document_texts  # the corpus reader of training, here only for the tokenizer
 
+        out = Path(a.out)
+        if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not a.overwrite:
+            raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
         model, tok = M.from_scratch(a.shape, document_texts(a.corpus), a.seed)
         M.save_pretrained(model, tok, a.out)
         print(f"wrote {a.out}: {a.shape}, vocab {model.config.vocab_size}")

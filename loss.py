@@ -70,7 +70,7 @@ class _Gather(torch.autograd.Function):
         # Every rank computes the same global loss from the same gathered embeddings, but only this rank can carry
         # the gradient of its own slice back into its encoder. Each rank's loss holds a gradient for this slice
         # (through its negatives too), so the all-reduce sums the world's copies of it here. Averaging the weight
-        # gradients over ranks (DDP does, so does train.py) then divides that sum by world size again: exactly the
+        # gradients over ranks (DistributedDataParallel does) then divides that sum by world size again: exactly the
         # gradient of one process holding the whole batch. With a plain all_gather each rank would keep only its
         # own copy, averaging would leave 1/world of that gradient, and a separate x world_size fix (the
         # original's) would have to make it up.

@@ -31,24 +31,28 @@ import torch
 
 import hub as H
 import model as M
-from common import UserError, cache_dir, cli, parse_config, write_atomic
+from common import UserError, bounded, cache_dir, cli, make_dirs, parse_config, remove_stale_temporaries, write_atomic
 
 
 @dataclass
 class SamplerConfig:
     model: str = "distilroberta-base"  # whose tokenizer defines "length" (local dir or hub id)
     data: list = field(default_factory=list)  # .txt / .jsonl files (optionally .gz) and directories of them
-    num_anchors: int = 2  # A
-    num_positives: int = 2  # P
-    min_span: int = 32  # l_min, in model tokens, special tokens excluded
-    max_span: int = 512  # l_max; lowered to fit the model's positions once <s> and </s> are added
-    docs_per_step: int = 16  # N, per rank
-    mlm_probability: float = 0.15
+    num_anchors: int = bounded(2, 1)  # A
+    num_positives: int = bounded(2, 1)  # P
+    min_span: int = bounded(32, 1)  # l_min, in model tokens, special tokens excluded
+    max_span: int = bounded(512, 1)  # l_max; lowered to fit the model's positions once <s> and </s> are added
+    docs_per_step: int = bounded(16, 1)  # N, per rank
+    mlm_probability: float = bounded(0.15, 0, 1, strict=True)
     seed: int = 0
     scale_short_docs: bool = False  # sample short documents with l_max scaled down instead of skipping them
     cache_dir: str = ""  # default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
-    workers: int = 2  # DataLoader worker processes
-    show: int = 1  # (CLI) print the spans of this many documents of step 0
+    workers: int = bounded(2, 0)  # DataLoader worker processes
+    show: int = bounded(1, 0)  # (CLI) print the spans of this many documents of step 0
+
+    def validate(self):
+        if self.min_span > self.max_span:
+            raise UserError(f"--min-span {self.min_span}: must be at most --max-span {self.max_span}", code=2)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -205,14 +209,15 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False) -> Corpus:
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    out = cache_dir(cache) / f"corpus-{key.hexdigest()[:20]}"
+    root = make_dirs(cache_dir(cache), "pass --cache-dir with a folder you can write")
+    remove_stale_temporaries(root)  # what a preparation that was killed left
+    out = root / f"corpus-{key.hexdigest()[:20]}"
     if (out / "meta.json").exists():
         corpus = Corpus(out)
         if not quiet:
             print(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
         return corpus
     t0 = time.time()
-    out.parent.mkdir(parents=True, exist_ok=True)
     # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
     # folder is kept
     write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, quiet), keep_existing=True)

@@ -19,12 +19,8 @@ import functools
 import json
 import math
 import os
-import re
-import shutil
-import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
-from datetime import timedelta
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,23 +30,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common as C
 import evaluate_sts
 import hub as H
 import loss as L
 import model as M
 import sampler as S
-from common import (
-    UserError,
-    bounded,
-    cache_dir,
-    choice,
-    cli,
-    given_fields,
-    make_dirs,
-    parse_config,
-    remove_stale_temporaries,
-    write_atomic,
-)
+from common import UserError, bounded, choice
 
 
 @dataclass
@@ -351,7 +337,7 @@ def train(r: Run):
             log(r, rec, time.time() - t0, r.step - start)
         if r.step % cfg.ckpt_every == 0 or r.step == r.total:
             if r.rank == 0:
-                r.last_good = save_checkpoint(r.out, r.model, r.tok, r.opt, r.step, cfg, {"best": r.best})
+                r.last_good = C.save_checkpoint(r.out, r.model, r.tok, r.opt, r.step, cfg, {"best": r.best})
             if r.world > 1:
                 dist.barrier()
 
@@ -377,13 +363,13 @@ def log(r: Run, rec: dict, elapsed: float, steps_done: int):
               f"ETA {elapsed / steps_done * (r.total - r.step):.0f}s{sts}", flush=True)
 
 
-@cli
+@C.cli
 def main(argv=None):
-    cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    rank, local, world, device = setup_distributed()
+    cfg = C.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
+    rank, local, world, device = C.setup_distributed()
     r, threads = None, torch.get_num_threads()
     try:
-        r = setup(cfg, given_fields(argv), rank, local, world, device)
+        r = setup(cfg, C.given_fields(argv), rank, local, world, device)
         train(r)
         if rank == 0:
             finish(r)
@@ -401,35 +387,12 @@ def main(argv=None):
 # Setup: processes, the run folder, the model, the data
 
 
-def setup_distributed():
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # torchrun's agent keeps its store across --max-restarts rounds: a prefix per round keeps restarted
-        # workers from reading the addresses that the workers before them published.
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                              is_master=rank == 0 and not agent, timeout=timedelta(minutes=10))
-        store = dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
-                                device_id=device if device.type == "cuda" else None)
-    return rank, local, world, device
-
-
-def say(rank, *a, **k):
-    if rank == 0:
-        print(*a, **k, flush=True)
-
-
 def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, device) -> Run:
     """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced."""
     cfg, out, resume_from = run_folder(cfg, given, rank, world)
     if cfg.docs_per_step % world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {world} ranks", code=2)
-    torch.set_num_threads(cfg.threads or default_threads())
+    torch.set_num_threads(cfg.threads or C.default_threads())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
     pairs = load_eval_data(cfg.eval_data)
     model, tok = resume_from.model if resume_from else build_model(cfg, rank, world)
@@ -441,7 +404,7 @@ def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, devic
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
     if rank == 0:
-        prepare_run_folder(out, resume_from)
+        C.prepare_run_folder(out, resume_from)
     opt = make_optimizer(model, cfg, fused=device.type == "cuda")
     net = torch.compile(model, dynamic=True) if cfg.compile else model
     if world > 1:  # gradients all-reduced in buckets during backward; the MLM head is unused under --no-mlm
@@ -451,10 +414,10 @@ def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, devic
     if resume_from:
         opt.load_state_dict(resume_from.state["optimizer"])
         r.step, r.best, r.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
-        say(rank, f"resuming at step {r.step} from {r.last_good}")
+        C.say(rank, f"resuming at step {r.step} from {r.last_good}")
     if pairs:
         r.evaluate = functools.partial(evaluate_sts.spearman_of, model, tok, pairs)
-    say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
+    C.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
               f"documents")
     return r
 
@@ -464,13 +427,13 @@ def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
     if not cfg.data and not cfg.resume:
         cfg = demo_config(cfg, rank, world)
     if cfg.resume and not cfg.out:  # the newest of the default run folders: `python train.py --resume` after the demo
-        cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: newest_mtime(Path(d)))))
+        cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: C.newest_mtime(Path(d)))))
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or DEFAULT_OUTS[0])
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
     if cfg.resume or restarted():
-        resume_from = newest_checkpoint(out, rank)
+        resume_from = C.newest_checkpoint(out, rank)
         if resume_from:
             return resumed_config(cfg, given, resume_from), out, resume_from
         if not restarted():
@@ -494,44 +457,16 @@ def resumed_config(cfg: TrainConfig, given: set, resume_from) -> TrainConfig:
     if restarted():  # torchrun's restart: the same command line as the run it continues
         return replace(stored, resume=True)
     if refused := sorted(given & names - RESUMABLE):
-        flag = refused[0].replace("_", "-")
-        raise UserError(f"--{flag} cannot change when resuming {cfg.out} (the run continues as it was configured: "
-                        f"{getattr(stored, refused[0])!r}); start a new run in another --out instead", code=2)
-    return replace(stored, resume=True, **{k: getattr(cfg, k) for k in given & RESUMABLE})
-
-
-def prepare_run_folder(out: Path, resume_from):
-    """Clear an earlier run (--overwrite), or cut metrics.jsonl back to the checkpoint a resumed run continues."""
-    make_dirs(out)
-    if not resume_from:
-        for p in (out / "checkpoints", out / "model", out / "best"):
-            shutil.rmtree(p, ignore_errors=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    elif (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they run again
-        kept = "".join(line + "\n" for line in (out / "metrics.jsonl").read_text().splitlines()
-                       if _step_of(line) <= resume_from.step)
-        write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
-    remove_stale_temporaries(out / "checkpoints")
-
-
-def _step_of(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):  # a line cut short by a kill
-        return math.inf
+        name = refused[0]
+        flag = ("--no-" if getattr(cfg, name) is False else "--") + name.replace("_", "-")
+        raise UserError(f"{flag} cannot change when resuming {cfg.out}: the run goes on as it was configured "
+                        f"({name} = {getattr(stored, name)!r}); start a new run in another --out instead", code=2)
+    return replace(stored, **{**{k: getattr(cfg, k) for k in given & RESUMABLE}, "resume": True, "out": cfg.out})
 
 
 def load_eval_data(path: str):
     """STS-B dev pairs for --eval-data, read before the corpus is prepared so that a bad path stops the run early."""
     return evaluate_sts.load_stsb_dev(path) if path else None
-
-
-def default_threads() -> int:
-    """This rank's share of the cores, less one for data loading and whatever else runs: on a small machine, torch's
-    threads spinning at barriers against a busy core cost 12x (the demo on 2 cores: 5 s alone, 74 s beside one
-    busy process with 2 threads; 7 s with 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
 
 
 def build_model(cfg: TrainConfig, rank: int, world: int):
@@ -566,73 +501,7 @@ def sampler_config(cfg: TrainConfig, world: int) -> S.SamplerConfig:
 
 
 # -----------------------------------------------------------------------------------------------
-# Checkpoints: out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
-
-
-def checkpoints(out: Path) -> list[Path]:
-    d = out / "checkpoints"
-    if not d.exists():
-        return []
-    return sorted(p for p in d.glob("step-*")
-                  if re.fullmatch(r"step-\d{8}", p.name) and (p / "train_state.pt").exists())
-
-
-def newest_mtime(out: Path) -> float:
-    return max((p.stat().st_mtime for p in checkpoints(out)), default=-1.0)
-
-
-def save_checkpoint(out: Path, model, tok, opt, step: int, cfg: TrainConfig, extra: dict):
-    final = out / "checkpoints" / f"step-{step:08d}"
-
-    def write(folder: Path):
-        M.save_pretrained(model, tok, folder)
-        state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
-        torch.save(state, folder / "train_state.pt")
-
-    make_dirs(final.parent)
-    write_atomic(final, write)  # a checkpoint exists whole or not at all
-    for old in checkpoints(out)[:-cfg.keep_ckpts]:
-        shutil.rmtree(old)
-    return final
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    state: dict  # train_state.pt: optimizer, step, config, best
-    model: tuple  # (encoder, tokenizer)
-
-    @property
-    def step(self) -> int:
-        return self.state["step"]
-
-
-def newest_checkpoint(out: Path, rank: int = 0) -> Checkpoint | None:
-    """The newest checkpoint that reads back whole; one that does not is named, and the one before it used."""
-    for path in reversed(checkpoints(out)):
-        try:
-            return Checkpoint(path, read_train_state(path), M.load_pretrained(str(path), verbose=False))
-        except UserError as e:
-            say(rank, f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
-    return None
-
-
-def read_train_state(path: Path) -> dict:
-    try:  # tensors and plain data only
-        state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated or foreign file: the unpickler and the zip reader raise many kinds
-        raise UserError(f"{path / 'train_state.pt'}: not readable ({str(e).splitlines()[0][:200]})") from None
-    if not isinstance(state, dict) or not {"optimizer", "step", "config"} <= set(state):
-        raise UserError(f"{path / 'train_state.pt'}: not a train state of this project")
-    return state
-
-
-def load_checkpoint(path: Path, model, opt, state: dict | None = None):
-    state = state or read_train_state(path)
-    loaded, _ = M.load_pretrained(str(path), verbose=False)
-    model.load_state_dict(loaded.state_dict())
-    opt.load_state_dict(state["optimizer"])
-    return state
+# The end of a run
 
 
 def finish(r: Run):
@@ -657,45 +526,12 @@ def demo_config(cfg: TrainConfig, rank: int, world: int) -> TrainConfig:
     defaults = TrainConfig()
     cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
     if rank == 0:
-        demo_corpus(cfg.cache_dir)  # written once, by one process
+        C.demo_corpus(cfg.cache_dir)  # written once, by one process
     if world > 1:
         dist.barrier()
-    cfg = replace(cfg, data=[str(demo_corpus(cfg.cache_dir))])
-    say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    cfg = replace(cfg, data=[str(C.demo_corpus(cfg.cache_dir))])
+    C.say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
     return cfg
-
-
-def demo_corpus(cache: str) -> Path:
-    """Text that every Python installation carries, one document per file: the language reference's help
-    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
-    import ast
-    import sysconfig
-    from pydoc_data.topics import topics
-
-    root = cache_dir(cache) / "demo-corpus"
-    if root.exists():
-        return root
-    docs = {f"topic-{k}": v for k, v in topics.items()}
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
-            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
-
-    def write(folder: Path):
-        folder.mkdir(parents=True)
-        for name, text in docs.items():
-            if len(text) > 2000:
-                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
-
-    root.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
-    return root
 
 
 if __name__ == "__main__":

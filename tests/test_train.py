@@ -1,6 +1,7 @@
 """train.py: the step's gradient against a naive padded step, across ranks and nodes, GradCache, resuming."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import common as C
 import loss as L
 import model as M
 import train as T
@@ -194,7 +196,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
         time.sleep(0.01)
     p.wait()
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    assert [c.name for c in T.checkpoints(tmp_path / "b")] == ["step-00000004"]
+    assert [c.name for c in C.checkpoints(tmp_path / "b")] == ["step-00000004"]
     T.main(["--out", str(tmp_path / "b"), "--resume"])
     assert trace(tmp_path / "b") == full
 
@@ -208,13 +210,13 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
         open(path, "wb").write(b"half a file")
         raise KeyboardInterrupt  # the process dies mid-write
 
-    monkeypatch.setattr(torch, "save", dying_save)
+    monkeypatch.setattr(C, "torch_save", dying_save)
     with pytest.raises(KeyboardInterrupt):
-        T.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
+        C.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
     monkeypatch.undo()
-    ck = T.checkpoints(tmp_path / "r")
+    ck = C.checkpoints(tmp_path / "r")
     assert [c.name for c in ck] == ["step-00000002"]
-    state = T.load_checkpoint(ck[-1], model, opt)
+    state = C.load_checkpoint(ck[-1], model, opt)
     assert state["step"] == 2
     T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "3"])  # and a run resumes from it
 
@@ -285,25 +287,114 @@ def test_bad_input(tmp_path, docs, capsys):
     bad_model = run_args(docs, tmp_path / "o3")
     bad_model[1] = str(tmp_path / "no-model/")
     assert "no such folder" in one_line_error(capsys, bad_model)
-    msg = one_line_error(capsys, run_args(docs, tmp_path / "o4", "--temperature", "0"))
-    assert "loss is nan at step 1" in msg and "none yet" in msg
     (tmp_path / "o5").mkdir()
     (tmp_path / "o5" / "metrics.jsonl").write_text("precious\n")
     assert "--overwrite" in one_line_error(capsys, run_args(docs, tmp_path / "o5"))
     assert (tmp_path / "o5" / "metrics.jsonl").read_text() == "precious\n"
 
 
-def test_nan_names_the_last_good_checkpoint(tmp_path, docs, capsys, monkeypatch):
+@pytest.mark.parametrize("bad_step", [0, 3])
+def test_nan_names_the_last_good_checkpoint(tmp_path, docs, capsys, monkeypatch, bad_step):
     real = T.train_step
 
     def step(model, batch, cfg, world=1):
         s = real(model, batch, cfg, world)
-        return {**s, "mlm": float("inf")} if batch["step"] == 3 else s
+        return {**s, "mlm": float("inf")} if batch["step"] == bad_step else s
 
     monkeypatch.setattr(T, "train_step", step)
     msg = one_line_error(capsys, run_args(docs, tmp_path / "o", "--steps", "6", "--ckpt-every", "2"))
-    assert "at step 4" in msg and "step-00000002" in msg
-    assert [c.name for c in T.checkpoints(tmp_path / "o")] == ["step-00000002"]
+    if bad_step == 0:
+        assert "loss is inf at step 1" in msg and "none yet" in msg
+    else:
+        assert "at step 4" in msg and "step-00000002" in msg
+        assert [c.name for c in C.checkpoints(tmp_path / "o")] == ["step-00000002"]
+
+
+# --- resuming -------------------------------------------------------------------------------------------------
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_extends_with_steps_and_refuses_other_flags(tmp_path, docs, capsys):
+    out = tmp_path / "r"
+    T.main(run_args(docs, out, "--steps", "4", "--ckpt-every", "2"))
+    before = snapshot(out)
+    for flag in (["--lr", "1e-3"], ["--num-anchors", "1"], ["--no-mlm"], ["--data", str(docs)], ["--seed", "1"]):
+        with pytest.raises(SystemExit) as e:
+            T.main(["--out", str(out), "--resume", *flag])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("error: ") == 1 and f"{flag[0]} cannot change when resuming" in err
+    assert snapshot(out) == before  # nothing of the run touched
+    with pytest.raises(SystemExit) as e:  # a finished run needs more steps to go on
+        T.main(["--out", str(out), "--resume"])
+    assert e.value.code == 1 and "is at step 4 of 4; pass --steps" in capsys.readouterr().err
+    T.main(["--out", str(out), "--resume", "--steps", "6", "--log-every", "3"])  # today: silently stopped at 4
+    assert "resuming at step 4" in capsys.readouterr().out
+    assert [s for s, *_ in trace(out)] == [1, 2, 3, 4, 5, 6]
+    assert [c.name for c in C.checkpoints(out)] == ["step-00000004", "step-00000006"]
+    assert C.read_train_state(out / "checkpoints" / "step-00000006")["config"]["steps"] == 6
+
+
+@pytest.mark.parametrize("bad_file", ["train_state.pt", "model.safetensors"])
+def test_resume_falls_back_past_an_unreadable_checkpoint(tmp_path, docs, capsys, bad_file):
+    """The newest checkpoint cut short: say which file, resume from the one before, end where the full run did.
+    Temporaries that a killed run left (a checkpoint, a corpus) are gone after the next run."""
+    common = ["--steps", "8", "--ckpt-every", "4"]
+    T.main(run_args(docs, tmp_path / "a", *common))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    f = tmp_path / "b" / "checkpoints" / "step-00000008" / bad_file
+    f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs, as a killed run's
+    host = socket.gethostname().split(".")[0]
+    stale = [tmp_path / "b" / "checkpoints" / f".step-00000012.{host}.{dead.pid}.tmp",
+             tmp_path / "cache" / f".corpus-0123456789abcdef0123.{host}.{dead.pid}.tmp"]
+    for d in stale:
+        d.mkdir()
+        (d / "half").write_text("a half-written file")
+    capsys.readouterr()
+    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    err, printed = capsys.readouterr()[::-1]
+    assert f"step-00000008/{bad_file}" in err and "resuming from the checkpoint before it" in err
+    assert "resuming at step 4" in printed
+    assert trace(tmp_path / "b") == trace(tmp_path / "a")
+    assert not any(d.exists() for d in stale)
+
+
+def test_ctrl_c_is_one_line_with_the_checkpoint(tmp_path, docs, reap):
+    p = reap([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "c", "--steps", "500",
+                                                                  "--ckpt-every", "4")],
+             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics, t0 = tmp_path / "c" / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
+            p.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.01)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.count("error: ") == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted at step ") and "step-00000004" in last and "--resume" in last
+
+
+def test_torchrun_without_mlm_does_not_hang(tmp_path, docs, reap):
+    """DDP with the MLM head unused (--no-mlm) over 2 ranks: every step completes."""
+    p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
+                      *run_args(docs, tmp_path / "m", "--steps", "4", "--no-mlm")),
+             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 0, out[-3000:]
+    assert [s for s, *_ in trace(tmp_path / "m")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("cores, local_world, want", [(2, 1, 1), (1, 1, 1), (16, 1, 15), (16, 4, 3)])
+def test_default_threads_leave_a_core(monkeypatch, cores, local_world, want):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    assert C.default_threads() == want
 
 
 def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
@@ -335,5 +426,8 @@ def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path
     (tmp_path / "t.txt").write_text("A man is playing a guitar.\nA woman is singing.\n")
     embed.main(["--model", "runs/demo/model", str(tmp_path / "t.txt"), "--output", "e.npy"])
     assert np.load("e.npy").shape == (2, 64)
+    T.main(["--resume", "--steps", "6"])  # no --out: the demo's run is found
+    assert "resuming at step 4 from runs/demo/checkpoints/step-00000004" in capsys.readouterr().out
+    assert [s for s, *_ in trace(tmp_path / "runs" / "demo")] == [1, 2, 3, 4, 5, 6]
     evaluate_sts.main(["--model", "runs/demo/model", "--split", "dev", "--data", str(need(STSB_DEV).parent)])
     assert "STSB" in capsys.readouterr().out

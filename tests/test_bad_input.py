@@ -1,0 +1,297 @@
+"""Bad input to every script: the exit code, one line on stderr naming the flag or the file and the problem, and
+the user's files as they were. Flags out of range stop a run before any work (exit 2); files that cannot be read
+or written stop it with exit 1; nothing of an earlier run is deleted until everything has been checked."""
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import embed as E
+import evaluate_sts as V
+import hub as H
+import model as M
+import train as T
+from conftest import ROOT
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("docs")
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        (d / f"{i}.txt").write_text(" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 600)))
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
+    return d
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def earlier_run(tmp_path):
+    """An out folder holding a run the user wants to keep."""
+    out = tmp_path / "earlier"
+    (out / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (out / "checkpoints" / "step-00000002" / "model.safetensors").write_bytes(b"weights")
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    return out
+
+
+def fails(main, argv, capsys):
+    """(exit code, the one error line) of main(argv); fails the test on a traceback or several lines."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
+    return e.value.code, lines[0]
+
+
+# --- train.py: every flag checked at parse time, before the corpus is read ------------------------------------
+
+TRAIN_FLAGS = [
+    (["--num-anchors", "0"], "--num-anchors 0: must be at least 1"),
+    (["--num-positives", "0"], "--num-positives 0: must be at least 1"),
+    (["--min-span", "0"], "--min-span 0: must be at least 1"),
+    (["--min-span", "64", "--max-span", "32"], "--min-span 64: must be at most --max-span 32"),
+    (["--temperature", "0"], "--temperature 0.0: must be greater than 0"),
+    (["--lr", "-0.001"], "--lr -0.001: must be greater than 0"),
+    (["--mlm-probability", "0"], "--mlm-probability 0.0: must be between 0 and 1, both excluded"),
+    (["--mlm-probability", "1"], "--mlm-probability 1.0: must be between 0 and 1, both excluded"),
+    (["--steps", "-1"], "--steps -1: must be at least 0"),
+    (["--epochs", "0"], "--epochs 0: must be at least 1"),
+    (["--docs-per-step", "0"], "--docs-per-step 0: must be at least 1"),
+    (["--ckpt-every", "0"], "--ckpt-every 0: must be at least 1"),
+    (["--log-every", "0"], "--log-every 0: must be at least 1"),
+    (["--eval-every", "-1"], "--eval-every -1: must be at least 0"),
+    (["--keep-ckpts", "0"], "--keep-ckpts 0: must be at least 1"),
+    (["--keep-ckpts", "-1"], "--keep-ckpts -1: must be at least 1"),
+    (["--warmup-frac", "1.5"], "--warmup-frac 1.5: must be between 0 and 1"),
+    (["--dtype", "bogus"], "argument --dtype: invalid choice: 'bogus'"),
+    (["--dtype", "fp16"], "argument --dtype: invalid choice: 'fp16'"),
+    (["--docs-per-step", "1", "--num-anchors", "1"], "needs at least 2 anchors a step, or it has no negative"),
+    (["--no-mlm", "--no-contrastive"], "--no-mlm and --no-contrastive together leave nothing to train"),
+    (["--resume"], "--resume and --overwrite"),
+    (["--model", "scratch:huge"], "--model scratch:huge: unknown shape"),
+    (["--steps", "many"], "argument --steps: invalid int value: 'many'"),
+    (["--ste", "5"], "unrecognized arguments: --ste 5"),  # no guessing of abbreviated flags
+]
+
+
+@pytest.mark.parametrize("flags, expect", TRAIN_FLAGS, ids=[" ".join(f) for f, _ in TRAIN_FLAGS])
+def test_train_flags(tmp_path, docs, earlier_run, capsys, flags, expect):
+    before = snapshot(earlier_run)
+    argv = ["--model", "scratch:tiny", "--data", str(docs), "--out", str(earlier_run), "--overwrite",
+            "--cache-dir", str(tmp_path / "cache"), "--workers", "0", *flags]
+    code, line = fails(T.main, argv, capsys)
+    assert code == 2 and expect in line, line
+    assert snapshot(earlier_run) == before and not (tmp_path / "cache").exists()  # nothing read, nothing lost
+
+
+def test_train_paths_checked_before_the_earlier_run_is_replaced(tmp_path, docs, earlier_run, capsys, monkeypatch):
+    """Today a typo in --data or --model with --overwrite empties the earlier run and trains nothing."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(earlier_run)
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("too short")
+    (tmp_path / "a-file").write_text("mine")
+    cases = [(["--data", str(tmp_path / "nope")], 1, "nope: no such file or directory"),
+             (["--model", "./tiny-modl"], 1, "./tiny-modl: no such folder"),
+             (["--model", "runs/x/model"], 1, "runs/x/model: no such folder"),
+             (["--eval-data", str(tmp_path / "no-sts")], 1, "no-sts: no sts-dev.csv"),
+             (["--data", str(tmp_path / "short")], 1, "no document has the 128 tokens"),
+             (["--out", str(tmp_path / "a-file")], 2, "is a file, not a folder")]
+    for flags, want_code, expect in cases:
+        data = [] if "--data" in flags else ["--data", str(docs)]  # --data a --data b would read both
+        argv = ["--model", "scratch:tiny", *data, "--out", str(earlier_run), "--overwrite", "--docs-per-step", "4",
+                "--min-span", "8", "--max-span", "32", "--cache-dir", str(tmp_path / "cache"), "--workers", "0", *flags]
+        code, line = fails(T.main, argv, capsys)
+        assert code == want_code and expect in line, line
+        assert snapshot(earlier_run) == before
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+# --- full disks and read-only folders ---------------------------------------------------------------------------
+
+
+def limited(max_bytes):
+    """A child process that may write files of at most max_bytes: a disk that fills up (EFBIG, as ENOSPC would)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+@pytest.mark.parametrize("where, max_bytes, expect", [("corpus", 4_000, "cache/corpus-"),
+                                                      ("weights", 60_000, "checkpoints/step-00000002"),
+                                                      ("train state", 1_000_000, "checkpoints/step-00000002")])
+def test_train_on_a_full_disk_is_one_line(tmp_path, docs, where, max_bytes, expect):
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", "scratch:tiny", "--data", str(docs),
+                        "--out", str(tmp_path / "run"), "--min-span", "8", "--max-span", "32", "--docs-per-step", "4",
+                        "--steps", "2", "--ckpt-every", "2", "--cache-dir", str(tmp_path / "cache"), "--workers", "0"],
+                       capture_output=True, text=True, timeout=300, preexec_fn=limited(max_bytes))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expect in last and "cannot write (File too large)" in last
+    assert not list(tmp_path.rglob("*.tmp"))  # no half-written corpus or checkpoint left behind
+
+
+def test_read_only_cache_says_to_pass_cache_dir(tmp_path, docs, capsys):
+    (tmp_path / "a-file").write_text("")
+    code, line = fails(T.main, ["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "run"),
+                                "--min-span", "8", "--max-span", "32", "--cache-dir", str(tmp_path / "a-file" / "c")],
+                       capsys)
+    assert code == 1 and "cannot write there" in line and "pass --cache-dir" in line
+
+
+def test_unwritable_hf_home_says_so(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "a-file"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    r = H._Repo("org/tiny", "main")
+    with pytest.raises(H.UserError, match="set HF_HOME"):
+        H.make_dirs(r.snap, "set HF_HOME to a folder you can write")
+
+
+# --- embed.py -----------------------------------------------------------------------------------------------
+
+
+def test_embed_never_overwrites_what_the_user_has(tmp_path, tiny, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a cat\na dog\n")
+    code, line = fails(E.main, ["--model", str(tiny), str(texts), "--output", str(texts), "--format", "npy"], capsys)
+    assert code == 1 and "is also an input" in line and texts.read_text() == "a cat\na dog\n"
+    (tmp_path / "old.npy").write_bytes(b"precious")
+    code, line = fails(E.main, ["--model", str(tiny), str(texts), "--output", str(tmp_path / "old.npy")], capsys)
+    assert code == 1 and "exists; pass --overwrite" in line and (tmp_path / "old.npy").read_bytes() == b"precious"
+    E.main(["--model", str(tiny), str(texts), "--output", str(tmp_path / "old.npy"), "--overwrite"])
+    assert np.load(tmp_path / "old.npy").shape == (2, 64)
+    (tmp_path / "folder.npy").mkdir()
+    code, line = fails(E.main, ["--model", str(tiny), str(texts), "--output", str(tmp_path / "folder.npy")], capsys)
+    assert code == 1 and "is a folder" in line
+
+
+def test_embed_format_follows_the_output_name(tmp_path, tiny, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a cat\na dog\n")
+    E.main(["--model", str(tiny), str(texts), "--output", str(tmp_path / "e.jsonl")])
+    rows = [json.loads(line)["embedding"] for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and len(rows[0]) == 64
+    code, line = fails(E.main, ["--model", str(tiny), str(texts), "--output", str(tmp_path / "e.txt")], capsys)
+    assert code == 2 and "cannot tell the format" in line and not (tmp_path / "e.txt").exists()
+
+
+@pytest.mark.parametrize("flags, expect", [(["--block", "0"], "--block 0: must be at least 1"),
+                                           (["--batch-tokens", "-1"], "--batch-tokens -1: must be at least 0"),
+                                           (["--dtype", "bogus"], "invalid choice: 'bogus'"),
+                                           (["--long", "cut"], "invalid choice: 'cut'"),
+                                           (["--format", "csv"], "invalid choice: 'csv'"),
+                                           (["--model", "./tiny-modl"], "./tiny-modl: no such folder")])
+def test_embed_flags(tmp_path, tiny, capsys, flags, expect):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a cat\n")
+    code, line = fails(E.main, ["--model", str(tiny), str(texts), "--output", str(tmp_path / "e.npy"), *flags], capsys)
+    assert code == (1 if "no such folder" in expect else 2) and expect in line, line
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_embed_on_a_full_disk_leaves_nothing(tmp_path, tiny):
+    (tmp_path / "texts.txt").write_text("a cat sat on the mat\n" * 2000)  # 2,000 x 64 floats: 512 KB
+    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(tiny), str(tmp_path / "texts.txt"),
+                        "--output", str(tmp_path / "e.npy")], capture_output=True, text=True, timeout=300,
+                       preexec_fn=limited(100_000))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "e.npy: cannot write (File too large)" in r.stderr
+    assert not (tmp_path / "e.npy").exists() and not list(tmp_path.glob(".e.npy*"))
+
+
+def test_truncated_tokenizer_json_is_one_line(tmp_path, tiny, capsys):
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in tiny.iterdir():
+        if f.is_file():
+            (d / f.name).write_bytes(f.read_bytes())
+    (d / "tokenizer.json").write_bytes((tiny / "tokenizer.json").read_bytes()[:500])
+    (tmp_path / "t.txt").write_text("a cat\n")
+    code, line = fails(E.main, ["--model", str(d), str(tmp_path / "t.txt"), "--output", str(tmp_path / "e.npy")],
+                       capsys)
+    assert code == 1 and "tokenizer.json: not a readable tokenizer file" in line
+
+
+# --- evaluate_sts.py ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["text", "nan", "sick-short", "semeval-text"])
+def test_gold_scores_that_are_not_numbers(tmp_path, capsys, case):
+    d = tmp_path / "sts"
+    d.mkdir()
+    if case in ("text", "nan"):
+        score = "abc" if case == "text" else "nan"
+        (d / "sts-dev.csv").write_text(f"g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\ng\tf\t2012\t2\t{score}\tA\tB\n")
+        expect = f"sts-dev.csv:2: gold score '{score}' is not a number"
+    elif case == "sick-short":
+        (d / "SICK_trial.txt").write_text("pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+                                          "1\tA cat.\tA cat sits.\t4.5\tNEUTRAL\n2\tA dog.\n")
+        expect = "SICK_trial.txt:3: expected 5 tab-separated columns, found 2"
+    else:
+        (d / "STS12").mkdir()
+        (d / "STS12" / "STS.input.MSRvid.txt").write_text("A cat.\tA cat sits.\nA dog.\tA dog runs.\n")
+        (d / "STS12" / "STS.gs.MSRvid.txt").write_text("4.0\nfour\n")
+        expect = "STS.gs.MSRvid.txt:2: gold score 'four' is not a number"
+    split = "test" if case == "semeval-text" else "dev"
+    code, line = fails(V.main, ["--model", "whatever", "--data", str(d), "--split", split], capsys)
+    assert code == 1 and expect in line, line
+
+
+def test_evaluate_checks_before_work(tmp_path, capsys):
+    code, line = fails(V.main, ["--model", "no-such-model-anywhere", "--data", str(tmp_path),
+                                "--json", str(tmp_path / "missing" / "r.json")], capsys)
+    assert code == 1 and "--json" in line and "no folder" in line
+    code, line = fails(V.main, ["--model", "m", "--tasks", "STS17"], capsys)
+    assert code == 2 and "--tasks STS17: not a task" in line
+    code, line = fails(V.main, ["--model", "m", "--split", "train"], capsys)
+    assert code == 2 and "invalid choice: 'train'" in line
+
+
+# --- model.py and sampler.py --------------------------------------------------------------------------------
+
+
+def test_scratch_refuses_a_folder_that_holds_files(tmp_path, docs, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "notes.txt").write_text("mine")
+    code, line = fails(H.main, ["scratch", "--corpus", str(docs), "--out", str(tmp_path / "m")], capsys)
+    assert code == 1 and "holds files already; pass --overwrite" in line
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["notes.txt"]
+
+
+def test_sampler_flags(tmp_path, docs, capsys):
+    import sampler as S
+
+    for flags, expect in ((["--num-anchors", "0"], "--num-anchors 0: must be at least 1"),
+                          (["--min-span", "9", "--max-span", "8"], "--min-span 9: must be at most --max-span 8"),
+                          (["--mlm-probability", "2"], "--mlm-probability 2.0: must be between 0 and 1")):
+        code, line = fails(S.main, ["--model", "m", "--data", str(docs), "--cache-dir", str(tmp_path / "c"), *flags],
+                           capsys)
+        assert code == 2 and expect in line, line
+    assert not (tmp_path / "c").exists()
+
+
+def test_no_traceback_from_a_real_process(tmp_path, docs):
+    """The same through the command line, as a user meets it: one line, exit 2, nothing else on stderr."""
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(docs), "--keep-ckpts", "-1"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 2 and r.stderr == "error: --keep-ckpts -1: must be at least 1\n" and r.stdout == ""
