@@ -19,6 +19,21 @@ def need(path: Path):
     return path
 
 
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    """8 documents of 600 random words: a corpus for whole training runs in seconds."""
+    import numpy as np
+
+    d = tmp_path_factory.mktemp("docs")
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        (d / f"{i}.txt").write_text(" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 600)))
+    return d
+
+
 def stsb_sentences(limit=None):
     """Unique STS-B dev sentences, in file order (columns 6 and 7, tab-separated, no CSV quoting)."""
     seen = {}

@@ -17,17 +17,6 @@ import model as M
 import train as T
 from conftest import ROOT
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
-
-
-@pytest.fixture(scope="module")
-def docs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("docs")
-    rng = np.random.default_rng(0)
-    for i in range(8):
-        (d / f"{i}.txt").write_text(" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 600)))
-    return d
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

@@ -10,7 +10,7 @@ import pytest
 import hub as H
 import sampler as S
 from common import UserError
-from conftest import ROOT, SHARED, need
+from conftest import ROOT, SHARED, WORDS, need
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -102,7 +102,6 @@ def test_mlm_masking_rates():
 
 # --- corpus ------------------------------------------------------------------------------------------------
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
 
 
 def text(n_words, seed):

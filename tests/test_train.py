@@ -157,18 +157,6 @@ def test_ranks_under_ddp_give_the_gradient_of_one_process(tmp_path, world):
 
 # --- whole runs --------------------------------------------------------------------------------------------
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
-
-
-@pytest.fixture(scope="module")
-def docs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("docs")
-    rng = np.random.default_rng(0)
-    for i in range(8):
-        (d / f"{i}.txt").write_text(" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 600)))
-    return d
-
-
 def run_args(docs, out, *extra):
     return ["--model", "scratch:tiny", "--data", str(docs), "--out", str(out), "--docs-per-step", "4",
             "--min-span", "8", "--max-span", "32", "--workers", "0", "--log-every", "1",
@@ -180,6 +168,16 @@ def trace(out):
     return [(r["step"], r["contrastive"], r["mlm"]) for r in recs]
 
 
+def signal_after(p, out, steps, sig):
+    """Send sig to the training process p once out/metrics.jsonl holds `steps` steps."""
+    metrics, t0 = out / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            p.send_signal(sig)
+            return
+        time.sleep(0.01)
+
+
 def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
     common = ["--steps", "12", "--ckpt-every", "4"]
     T.main(run_args(docs, tmp_path / "a", *common))
@@ -188,12 +186,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
     p = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "b", *common)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    metrics, t0 = tmp_path / "b" / "metrics.jsonl", time.time()
-    while p.poll() is None and time.time() - t0 < 120:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
-            p.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
+    signal_after(p, tmp_path / "b", 6, signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert [c.name for c in C.checkpoints(tmp_path / "b")] == ["step-00000004"]
@@ -367,12 +360,7 @@ def test_ctrl_c_is_one_line_with_the_checkpoint(tmp_path, docs, reap):
     p = reap([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "c", "--steps", "500",
                                                                   "--ckpt-every", "4")],
              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    metrics, t0 = tmp_path / "c" / "metrics.jsonl", time.time()
-    while p.poll() is None and time.time() - t0 < 120:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
-            p.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.01)
+    signal_after(p, tmp_path / "c", 6, signal.SIGINT)
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.count("error: ") == 1
