@@ -299,8 +299,8 @@ def _step_of(line: str) -> float:
 
 def default_threads() -> int:
     """This rank's share of the cores, less one for data loading and whatever else runs: on a small machine, torch's
-    threads spinning at barriers against a busy core cost 12x (the demo on 2 cores: 5 s alone, 74 s beside one
-    busy process with 2 threads; 7 s with 1)."""
+    threads spinning at barriers against a core that another process holds cost dearly (100 demo steps on 2 cores:
+    10 s with 2 threads, 12 s with 1 when alone; 318 s with 2 threads, 12-13 s with 1 beside one busy process)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
 
@@ -349,6 +349,7 @@ class Checkpoint:
 def newest_checkpoint(out: Path, rank: int = 0) -> "Checkpoint | None":
     """The newest checkpoint that reads back whole; one that does not is named, and the one before it used."""
     import model as M
+
     for path in reversed(checkpoints(out)):
         try:
             return Checkpoint(path, read_train_state(path), M.load_pretrained(str(path), verbose=False))
