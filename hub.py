@@ -317,7 +317,7 @@ class _Repo:
             raise UserError(f"cannot reach {self.endpoint} ({getattr(e, 'reason', e)}); {self.instead}") from None
         size = int(head.get("X-Linked-Size") or head.get("Content-Length") or -1)
         etag = (head.get("X-Linked-Etag") or head.get("ETag") or "").removeprefix("W/").strip('"')
-        make_dirs(self.snap, "set HF_HOME to a folder you can write")
+        make_dirs((self.snap / name).parent, "set HF_HOME to a folder you can write")
         # only a complete, verified file ever gets its real name
         write_atomic(self.snap / name, lambda tmp: self._receive(resp, tmp, name, size, etag))
         if self.snap.name != self.revision:

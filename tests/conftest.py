@@ -1,4 +1,8 @@
-"""Shared test helpers. Assets are read in place from ../shared (override with DECLUTR_SHARED)."""
+"""Shared test helpers. Assets are read in place from ../shared (override with DECLUTR_SHARED); where it is absent,
+the MiniLM encoder and STS-B dev are downloaded once into the usual caches (the hub's, ~/.cache/declutr), and a
+test whose asset cannot be had skips, naming it. DECLUTR_STRICT=1 (set by .ci/run) turns those skips into
+failures: CI, which has ../shared and the dev requirements, must skip nothing."""
+import functools
 import os
 import sys
 from pathlib import Path
@@ -8,15 +12,70 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
-MINILM = SHARED / "models" / "all-MiniLM-L6-v2"
-STSB_DEV = SHARED / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
+STRICT = os.environ.get("DECLUTR_STRICT", "") == "1"
+MINILM_HUB = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: an end-to-end run of several processes; deselect with -m 'not slow'")
+
+
+def missing(what: str):
+    """Skip, saying what is missing; under DECLUTR_STRICT=1 fail instead."""
+    if STRICT:
+        pytest.fail(f"missing {what} (DECLUTR_STRICT=1: a skip is a failure)", pytrace=False)
+    pytest.skip(f"needs {what}")
 
 
 def need(path: Path):
-    """Skip, saying which shared asset is missing and how to point at it."""
+    """A shared asset, or a skip naming it and how to point at it."""
     if not path.exists():
-        pytest.skip(f"needs {path} (set DECLUTR_SHARED to the shared/ folder)")
+        missing(f"{path} (set DECLUTR_SHARED to the shared/ folder)")
     return path
+
+
+def oracle(module: str):
+    """transformers or sentence-transformers, the tests' references, or a skip naming it."""
+    try:
+        return __import__(module)
+    except ImportError:
+        missing(f"the oracle {module} (pip install -r requirements-dev.txt)")
+
+
+def minilm() -> Path:
+    """all-MiniLM-L6-v2: the shared copy, or the hub's, downloaded once by the project's own hub client."""
+    return _shared_or_fetched(SHARED / "models" / "all-MiniLM-L6-v2", "minilm")
+
+
+def stsb_dev() -> Path:
+    """sts-dev.csv: the shared copy, or the STS Benchmark downloaded once by evaluate_sts.py."""
+    return _shared_or_fetched(SHARED / "data" / "sts" / "stsbenchmark" / "sts-dev.csv", "stsb")
+
+
+def _shared_or_fetched(path: Path, asset: str) -> Path:
+    if path.exists():
+        return path
+    got, why = _fetch(asset)
+    if got is None:
+        missing(f"{path} (set DECLUTR_SHARED to the shared/ folder), or a network to download it: {why}")
+    return got
+
+
+@functools.cache
+def _fetch(asset: str):
+    """(path, None) once downloaded into the usual cache, or (None, why not): tried once per test session."""
+    import evaluate_sts
+    import hub
+    from common import UserError
+
+    extra = (("vocab.txt",), ("tokenizer_config.json",), ("modules.json",), ("sentence_bert_config.json",),
+             ("1_Pooling/config.json",))  # what sentence-transformers and the WordPiece test read
+    try:
+        if asset == "minilm":
+            return hub.hub_download(MINILM_HUB, files=hub.HUB_FILES + extra), None
+        return evaluate_sts.download_stsb() / "sts-dev.csv", None
+    except UserError as e:
+        return None, str(e)
 
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
@@ -37,7 +96,7 @@ def docs(tmp_path_factory):
 def stsb_sentences(limit=None):
     """Unique STS-B dev sentences, in file order (columns 6 and 7, tab-separated, no CSV quoting)."""
     seen = {}
-    for line in need(STSB_DEV).read_text(encoding="utf-8").splitlines():
+    for line in stsb_dev().read_text(encoding="utf-8").splitlines():
         cols = line.split("\t")
         for s in cols[5:7]:
             seen.setdefault(s, None)

@@ -147,16 +147,6 @@ def test_read_only_cache_says_to_pass_cache_dir(tmp_path, docs, capsys):
     assert code == 1 and "cannot write there" in line and "pass --cache-dir" in line
 
 
-def test_unwritable_hf_home_says_so(tmp_path, monkeypatch):
-    (tmp_path / "a-file").write_text("")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "a-file"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    r = H._Repo("org/tiny", "main")
-    with pytest.raises(H.UserError, match="set HF_HOME"):
-        H.make_dirs(r.snap, "set HF_HOME to a folder you can write")
-
-
 # --- embed.py -----------------------------------------------------------------------------------------------
 
 

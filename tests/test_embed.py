@@ -9,7 +9,7 @@ import torch
 
 import embed as E
 import model as M
-from conftest import MINILM, ROOT, need, stsb_sentences
+from conftest import ROOT, minilm, oracle, stsb_sentences
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +61,15 @@ def test_long_chunk_is_the_mean_of_overlapping_windows():
 
 
 def test_cli_matches_sentence_transformers(tmp_path):
-    need(MINILM)
-    st = pytest.importorskip("sentence_transformers")
+    model = minilm()
+    st = oracle("sentence_transformers")
     texts = stsb_sentences(400)
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(MINILM), str(tmp_path / "in.txt"),
+    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(model), str(tmp_path / "in.txt"),
                         "--output", str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     emb = np.load(tmp_path / "out.npy")
-    ref = st.SentenceTransformer(str(MINILM), device="cpu").encode(texts)
+    ref = st.SentenceTransformer(str(model), device="cpu").encode(texts)
     assert emb.dtype == np.float32 and emb.shape == ref.shape
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
     assert cos.min() >= 0.99999

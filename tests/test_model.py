@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 import hub as H
 import model as M
 from common import UserError
-from conftest import MINILM, ROOT, need, stsb_sentences
+from conftest import ROOT, minilm, oracle, stsb_sentences
 
-transformers = pytest.importorskip("transformers")
+transformers = oracle("transformers")
 
 TINY = dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
@@ -160,12 +160,12 @@ def test_sharded_and_old_names(tmp_path):
 
 
 def test_minilm_matches_sentence_transformers():
-    need(MINILM)
-    st = pytest.importorskip("sentence_transformers")
+    path = minilm()
+    st = oracle("sentence_transformers")
     sents = stsb_sentences()
     assert len(sents) > 2500
-    ref = st.SentenceTransformer(str(MINILM), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
-    ours, tok = M.load_pretrained(str(MINILM))
+    ref = st.SentenceTransformer(str(path), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
+    ours, tok = M.load_pretrained(str(path))
     sp = H.special_ids(tok)
     order = sorted(range(len(sents)), key=lambda i: len(sents[i]))
     emb = np.zeros_like(ref)
@@ -179,9 +179,9 @@ def test_minilm_matches_sentence_transformers():
 
 
 def test_tokenizer_files_agree_and_do_not_pad(tmp_path):
-    need(MINILM)
-    full = H.load_tokenizer(MINILM)  # tokenizer.json pads to 128 on disk; that must not leak
-    (tmp_path / "vocab.txt").write_bytes((MINILM / "vocab.txt").read_bytes())
+    path = minilm()
+    full = H.load_tokenizer(path)  # tokenizer.json pads to 128 on disk; that must not leak
+    (tmp_path / "vocab.txt").write_bytes((path / "vocab.txt").read_bytes())
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true}')
     wp = H.load_tokenizer(tmp_path)
     sents = stsb_sentences(300)
@@ -198,8 +198,7 @@ def test_tokenizer_files_agree_and_do_not_pad(tmp_path):
 
 
 def test_batch_encode_truncates_keeping_the_end_token():
-    need(MINILM)
-    tok = H.load_tokenizer(MINILM)
+    tok = H.load_tokenizer(minilm())
     ids, mask = H.batch_encode(tok, ["word " * 50, "short"], 16, 0)
     assert ids.shape == (2, 16) and ids[0, -1] == 102 and ids[0, 0] == 101
     assert mask[1].sum() == 3 and ids[1, 2] == 102 and (ids[1, 3:] == 0).all()
@@ -216,7 +215,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
     sent = ["w1 x7 w2", "w3 <mask> w4 x1 x2"]
     assert hf_tok(sent)["input_ids"] == [e.ids for e in tok.encode_batch(sent)]
     assert hf_tok.mask_token_id == sp["mask"] and hf_tok.pad_token_id == 1
-    st = pytest.importorskip("sentence_transformers")
+    st = oracle("sentence_transformers")
     ref = st.SentenceTransformer(str(tmp_path), device="cpu").encode(sent, convert_to_tensor=True)
     ids, mask = H.batch_encode(tok, sent, 512, sp["pad"])
     with torch.no_grad():
@@ -406,4 +405,11 @@ def test_hub_unreachable_and_missing(hub, monkeypatch):
         M.load_pretrained("org/other")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
     with pytest.raises(UserError, match="cannot reach .*local directory"):
+        M.load_pretrained("org/tiny")
+
+
+def test_unwritable_hf_home_says_so(hub, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "a-file" / "hf"))  # a folder that cannot be made
+    with pytest.raises(UserError, match="cannot write there .*; set HF_HOME to a folder you can write"):
         M.load_pretrained("org/tiny")

@@ -10,7 +10,7 @@ import pytest
 import hub as H
 import sampler as S
 from common import UserError
-from conftest import ROOT, SHARED, WORDS, need
+from conftest import ROOT, SHARED, WORDS, minilm, need
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -233,12 +233,12 @@ def test_short_documents_skipped_or_scaled(tmp_path, tok, capsys):
 
 
 def test_cli_bad_input_is_one_line(tmp_path):
-    minilm = need(SHARED / "models" / "all-MiniLM-L6-v2")
+    model = minilm()
     (tmp_path / "short.txt").write_text("too short to sample from")
     (tmp_path / "empty.txt").write_text("")
 
     def run(*a):
-        return subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm), "--cache-dir",
+        return subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(model), "--cache-dir",
                                str(tmp_path / "c"), *a], capture_output=True, text=True, timeout=120)
 
     r = run("--data", str(tmp_path))
@@ -250,8 +250,7 @@ def test_cli_bad_input_is_one_line(tmp_path):
 
 def test_cli_on_gutenberg_books(tmp_path):
     books = sorted(need(GUTENBERG).glob("*.txt"))[:3]
-    minilm = SHARED / "models" / "all-MiniLM-L6-v2"
-    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm),
+    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm()),
                         "--cache-dir", str(tmp_path), "--docs-per-step", "3", "--data", *map(str, books)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
