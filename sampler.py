@@ -4,11 +4,14 @@ sampler.py: DeCLUTR's data side. Documents in, batches of anchor and positive sp
 Paper §3.1-3.2: from each document of n tokens, sample A anchor spans with lengths
 floor(p * (l_max - l_min) + l_min), p ~ Beta(4, 2) (long anchors, likely to represent the document),
 then P positives per anchor with q ~ Beta(2, 4) (shorter), each starting anywhere it overlaps, adjoins or
-lies inside its anchor. §3.3: the anchors also carry BERT-style MLM (15% of tokens; 80/10/10).
+lies inside its anchor (Fig. 2's views restrict this: --positive-view). §3.3: the anchors also carry BERT-style
+MLM (15% of tokens; 80/10/10).
 
-The corpus is tokenised once with the model's own tokenizer into one flat token file plus document offsets
-(a numpy memmap, cached by the files' names, sizes and times and the tokenizer), so "length" always means
-the model's tokens and sampling never tokenises. Every batch is a pure function of (seed, epoch, rank, step).
+As in the original, every run of whitespace in a document becomes one space before it is tokenised
+(--keep-whitespace keeps the text as it is). The corpus is tokenised once with the model's own tokenizer into one
+flat token file plus document offsets (a numpy memmap, cached by the files' names, sizes and times, the cleaning
+and the tokenizer), so "length" always means the model's tokens and sampling never tokenises. Every batch is a
+pure function of (seed, epoch, rank, step).
 
     python sampler.py --model distilroberta-base --data docs/ notes.jsonl.gz --show 2   # step 0's spans, as text
     python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
@@ -31,7 +34,19 @@ import torch
 
 import hub as H
 import model as M
-from common import UserError, bounded, cache_dir, cli, make_dirs, parse_config, remove_stale_temporaries, write_atomic
+from common import (
+    UserError,
+    bounded,
+    cache_dir,
+    choice,
+    cli,
+    make_dirs,
+    parse_config,
+    remove_stale_temporaries,
+    write_atomic,
+)
+
+VIEWS = ("all", "overlap", "adjacent", "subsumed")  # where a positive may lie relative to its anchor (Fig. 2)
 
 
 @dataclass
@@ -46,6 +61,8 @@ class SamplerConfig:
     mlm_probability: float = bounded(0.15, 0, 1, strict=True)
     seed: int = 0
     scale_short_docs: bool = False  # sample short documents with l_max scaled down instead of skipping them
+    positive_view: str = choice(*VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
+    keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
     cache_dir: str = ""  # default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
     workers: int = bounded(2, 0)  # DataLoader worker processes
     show: int = bounded(1, 0)  # (CLI) print the spans of this many documents of step 0
@@ -63,17 +80,18 @@ def span_length(rng: np.random.Generator, a: float, b: float, min_len: int, max_
     return int(rng.beta(a, b) * (max_len - min_len) + min_len)
 
 
-def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng):
+def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng, view="all"):
     """One ((a_start, a_end), [(p_start, p_end), ...]) per anchor; half-open token positions in the document."""
-    blocks = n_tokens // max_len
-    if blocks < 2 * num_anchors - 1 or min_len > max_len:
-        raise ValueError(f"{n_tokens} tokens cannot hold {num_anchors} anchors of up to {max_len} tokens")
+    if n_tokens < 2 * num_anchors * max_len or min_len > max_len:  # the original's rule, n >= 2·A·l_max
+        raise ValueError(f"{n_tokens} tokens: {num_anchors} anchors of up to {max_len} tokens need at least "
+                         f"{2 * num_anchors * max_len} (num_anchors * max_span * 2)")
     # Each anchor lies inside its own block of l_max tokens, and no two anchors' blocks are neighbours. A positive
     # reaches at most l_max tokens past its anchor, so it can never overlap another anchor: the document's other
     # anchors stay true (hard) negatives.
     # Choosing A non-neighbouring blocks out of `blocks` is choosing A distinct numbers out of blocks - (A - 1) and
     # adding 0, 1, ..., A-1 to them in sorted order (one gap after each pick). The two are in one-to-one
     # correspondence, so a uniform draw of the numbers is a uniform draw over every valid placement.
+    blocks = n_tokens // max_len
     picks = np.sort(rng.choice(blocks - (num_anchors - 1), size=num_anchors, replace=False)) + np.arange(num_anchors)
     out = []
     for b in picks:
@@ -81,17 +99,37 @@ def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng):
         la = span_length(rng, 4, 2, min_len, max_len)
         # Its start: anywhere in its block that leaves room for the whole anchor
         sa = int(b) * max_len + int(rng.integers(0, max_len - la + 1))
-        positives = []
-        for _ in range(num_positives):
-            # §3.2: a positive's length has q ~ Beta(2, 4) instead: positives skew short
-            lp = span_length(rng, 2, 4, min_len, max_len)
-            # Its start: uniform over every start at which it adjoins the anchor (ending where the anchor starts,
-            # or starting where it ends), overlaps it, or lies inside it, within the document
-            lo, hi = max(0, sa - lp), min(sa + la, n_tokens - lp)
-            sp = int(rng.integers(lo, hi + 1))
-            positives.append((sp, sp + lp))
+        # §3.2: P positives near the anchor, shorter (q ~ Beta(2, 4)); `view` (Fig. 2) says where they may lie
+        positives = [positive_span(rng, view, sa, la, n_tokens, min_len, max_len) for _ in range(num_positives)]
         out.append(((sa, sa + la), positives))
     return out
+
+
+def positive_span(rng, view: str, sa: int, la: int, n: int, min_len: int, max_len: int) -> tuple[int, int]:
+    """(start, end) of one positive for the anchor [sa, sa + la) of a document of n tokens. The paper's views (Fig. 2):
+    all (the default): anywhere it adjoins the anchor, overlaps it or lies inside it; adjacent: ending where the
+    anchor starts or starting where it ends; subsumed: inside it; overlap: sharing text with it without lying
+    inside it."""
+    if view == "subsumed":  # no longer than its anchor, as in the original
+        lp = span_length(rng, 2, 4, min(min_len, la), la)
+        sp = int(rng.integers(sa, sa + la - lp + 1))
+    elif view == "adjacent":  # no longer than the room on one side of the anchor, as in the original
+        lp = span_length(rng, 2, 4, min_len, max(min_len, min(max_len, max(sa, n - sa - la))))
+        sides = [s for s in (sa - lp, sa + la) if 0 <= s <= n - lp]
+        sp = int(sides[rng.integers(len(sides))])
+    elif view == "overlap":
+        lp = span_length(rng, 2, 4, max(2, min_len), max(2, max_len))  # 1 token would lie inside or share nothing
+        # starts that share text with the anchor, less those inside it: one range before, one after
+        before = range(max(0, sa - lp + 1), min(sa, n - lp + 1))
+        after = range(max(sa, sa + la - lp + 1), min(sa + la, n - lp + 1))
+        k = int(rng.integers(len(before) + len(after)))
+        sp = before[k] if k < len(before) else after[k - len(before)]
+    else:
+        lp = span_length(rng, 2, 4, min_len, max_len)
+        # uniform over every start at which it adjoins the anchor (ending where the anchor starts, or starting
+        # where it ends), overlaps it, or lies inside it, within the document
+        sp = int(rng.integers(max(0, sa - lp), min(sa + la, n - lp) + 1))
+    return sp, sp + lp
 
 
 def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
@@ -137,8 +175,16 @@ def _open(f: Path):
     return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
 
 
-def read_documents(files, stats):
-    """Yield each document's text; count what is skipped (empty, binary, malformed) and what was repaired."""
+def clean_text(text: str) -> str:
+    """The original's cleaning: every run of whitespace (spaces, tabs, newlines) becomes one space. Without it a
+    byte-level BPE spends about a tenth of its tokens on whitespace, which would count toward span lengths and be
+    MLM targets."""
+    return " ".join(text.split())
+
+
+def read_documents(files, stats, clean: bool = True):
+    """Yield each document's text (cleaned unless clean=False); count what is skipped (empty, binary, malformed)
+    and what was repaired."""
     for f in files:
         before = _count_replaced.n
         try:
@@ -151,11 +197,11 @@ def read_documents(files, stats):
                 if ".jsonl" in f.name:  # streamed line by line: one file may be larger than memory
                     for line in lines:
                         if line.strip():
-                            yield from _json_document(line, stats)
+                            yield from _json_document(line, stats, clean)
                 else:
                     text = lines.read()
                     if text.strip():
-                        yield text
+                        yield clean_text(text) if clean else text
                     else:
                         stats["empty"] += 1
         except (OSError, EOFError) as e:
@@ -165,7 +211,7 @@ def read_documents(files, stats):
             stats["bytes_replaced"] += _count_replaced.n - before
 
 
-def _json_document(line, stats):
+def _json_document(line, stats, clean: bool):
     try:
         doc = json.loads(line).get("text")
     except (json.JSONDecodeError, AttributeError):
@@ -175,7 +221,7 @@ def _json_document(line, stats):
     elif not doc.strip():
         stats["empty"] += 1
     else:
-        yield doc.replace("\r\n", "\n").replace("\r", "\n")
+        yield clean_text(doc) if clean else doc.replace("\r\n", "\n").replace("\r", "\n")
 
 
 class Corpus:
@@ -202,10 +248,12 @@ class Corpus:
         return len(self.lengths)
 
 
-def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False) -> Corpus:
-    """Tokenise the documents under `paths` once (batched over every core) into a cached memmap."""
+def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool = True) -> Corpus:
+    """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
+    into a cached memmap."""
     files = list_files(paths)
-    key = hashlib.sha256(tok.to_str().encode())  # the tokenizer, and each file's path, size and time
+    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))  # the tokenizer, the cleaning,
+    # and each file's path, size and time
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -220,14 +268,14 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False) -> Corpus:
     t0 = time.time()
     # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
     # folder is kept
-    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, quiet), keep_existing=True)
+    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, quiet, clean), keep_existing=True)
     corpus = Corpus(out)
     if not quiet:
         print(f"corpus: {corpus.meta['summary']} ({time.time() - t0:.1f}s, cached in {out})", file=sys.stderr)
     return corpus
 
 
-def _tokenise(files, tok, folder: Path, quiet: bool):
+def _tokenise(files, tok, folder: Path, quiet: bool, clean: bool):
     """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
     folder.mkdir()
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
@@ -235,7 +283,7 @@ def _tokenise(files, tok, folder: Path, quiet: bool):
     offsets, t0, last = array.array("q", [0]), time.time(), 0.0  # 8 bytes a document
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
     with open(folder / "tokens.bin", "wb") as f:
-        for texts in _batches(read_documents(files, stats), 1 << 24):
+        for texts in _batches(read_documents(files, stats, clean), 1 << 24):
             for e in encode(texts, add_special_tokens=False):
                 ids = np.asarray(e.ids, dtype=dtype)
                 f.write(ids.tobytes())
@@ -266,11 +314,11 @@ def _batches(texts, max_chars: int):
         yield batch
 
 
-def document_texts(paths, max_chars: int = 64 << 20):
+def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
     """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
-    scratch learns from (64M characters are plenty for its vocabulary)."""
+    scratch learns from (64M characters are plenty for its vocabulary), cleaned as the corpus is."""
     stats = collections.Counter()
-    for text in read_documents(list_files(paths), stats):
+    for text in read_documents(list_files(paths), stats, clean):
         yield text[:max_chars]
         max_chars -= len(text)
         if max_chars <= 0:
@@ -324,7 +372,7 @@ class SpanBatches(torch.utils.data.Dataset):
             max_len = min(self.max_span, n // (2 * cfg.num_anchors))  # only short docs, when allowed, scale down
             toks = self.corpus.tokens
             for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_len),
-                                              max_len, rng):
+                                              max_len, rng, cfg.positive_view):
                 anchors.append(toks[start + a0:start + a1])
                 positives += [toks[start + p0:start + p1] for p0, p1 in pos]
                 a_doc.append(d)
@@ -366,7 +414,8 @@ def main(argv=None):
     if not cfg.data:
         raise UserError("no --data given: pass .txt/.jsonl files or directories")
     config, tok = M.load_config_and_tokenizer(cfg.model)
-    batches = SpanBatches(prepare_corpus(cfg.data, tok, cfg.cache_dir), tok, cfg, config.max_tokens)
+    corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=not cfg.keep_whitespace)
+    batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
     b, A, P = batches[0], cfg.num_anchors, cfg.num_positives
     print(f"step 0: {len(b['anchors'])} anchors of {b['anchor_lengths'].min()}-{b['anchor_lengths'].max()} tokens, "
           f"{len(b['positives'])} positives of {b['positive_lengths'].min()}-{b['positive_lengths'].max()}, "

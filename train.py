@@ -52,6 +52,8 @@ class TrainConfig:
     min_span: int = bounded(32, 1)  # l_min, tokens
     max_span: int = bounded(512, 1)  # l_max, tokens (lowered to fit the model's positions)
     scale_short_docs: bool = False  # sample documents shorter than 2*A*l_max with a smaller l_max
+    positive_view: str = choice(*S.VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
+    keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
     temperature: float = bounded(0.05, 0, strict=True)  # tau of NT-Xent
     mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
     mlm: bool = True  # --no-mlm: contrastive only (the paper's Fig. 3 ablation)
@@ -476,7 +478,8 @@ def build_model(cfg: TrainConfig, rank: int, world: int):
     shape = cfg.model.removeprefix("scratch:")
     tok_json = [None]
     if rank == 0:
-        tok_json = [H.train_tokenizer(S.document_texts(cfg.data), M.SHAPES[shape]["vocab_size"]).to_str()]
+        texts = S.document_texts(cfg.data, clean=not cfg.keep_whitespace)
+        tok_json = [H.train_tokenizer(texts, M.SHAPES[shape]["vocab_size"]).to_str()]
     if world > 1:
         dist.broadcast_object_list(tok_json, src=0)
     tok = H.Tokenizer.from_str(tok_json[0])
@@ -486,18 +489,19 @@ def build_model(cfg: TrainConfig, rank: int, world: int):
 def prepare_corpus(cfg: TrainConfig, tok, rank: int, local: int, world: int):
     """One process per machine tokenises; the others wait for it, then find its cache."""
     if local == 0:
-        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0)
+        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0, clean=not cfg.keep_whitespace)
     if world > 1:
         dist.barrier()
     if local != 0:
-        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True)
+        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True, clean=not cfg.keep_whitespace)
     return corpus
 
 
 def sampler_config(cfg: TrainConfig, world: int) -> S.SamplerConfig:
     return S.SamplerConfig(num_anchors=cfg.num_anchors, num_positives=cfg.num_positives, min_span=cfg.min_span,
                            max_span=cfg.max_span, docs_per_step=cfg.docs_per_step // world, seed=cfg.seed,
-                           mlm_probability=cfg.mlm_probability, scale_short_docs=cfg.scale_short_docs)
+                           mlm_probability=cfg.mlm_probability, scale_short_docs=cfg.scale_short_docs,
+                           positive_view=cfg.positive_view)
 
 
 # -----------------------------------------------------------------------------------------------

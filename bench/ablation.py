@@ -1,73 +1,199 @@
 """
-The paper's Fig. 3 ablation at a size this machine can run: from one scratch model and one budget of training
-tokens on the Gutenberg books, train with MLM only, contrastive only, and both, and score each (and the untrained
-model) on STS-B dev.
+The paper's ablations in miniature, with error bars: Fig. 3 (which objective: MLM, contrastive, both) and Fig. 2
+(which positive view: all, overlap, adjacent, subsumed; how many anchors A and positives P), each arm trained from
+the same scratch model on the same batches for each of several seeds, scored on STS-B dev, and reported as
+mean ± standard deviation over the seeds beside the untrained model and the lexical floor (the mean of random word
+vectors, scored on the same pairs).
 
-    python bench/ablation.py                        # CPU, ~20 minutes on 2 cores: tiny shape, 1,500 steps per arm
-    python bench/ablation.py --shape distilroberta-base --steps 3000 --max-span 512 --docs-per-step 16   # a GPU
+    python bench/ablation.py                                   # CPU: tiny shape, 3 seeds, all arms, ~1.5 h on 2 cores
+    python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
+    python bench/ablation.py --shape distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
+        --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
 
-Every arm starts from the same saved initial weights and tokenizer and sees the same batches (same seed), so the
-arms differ only in which loss they train.
+For each seed, one initial model (the seed's weights, one BPE tokenizer for all) is saved, and every arm of that seed
+starts from it with that seed's batches (train.py --seed), so that arms differ only in what they ablate. The tables go
+to OUT/ablation.md and, with matplotlib installed, STS-B dev against steps to bench/ablation.png. Finished runs are
+kept: running the script again continues where it stopped.
 """
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import evaluate_sts as E  # noqa: E402
+import hub as H  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
+
+# Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
+# A = P = 2), and the figure whose table it belongs to.
+ARMS = {
+    "both": ([], "all"),
+    "mlm-only": (["--no-contrastive"], "Fig. 3: objective"),
+    "contrastive-only": (["--no-mlm"], "Fig. 3: objective"),
+    "view-overlap": (["--positive-view", "overlap"], "Fig. 2: positive view"),
+    "view-adjacent": (["--positive-view", "adjacent"], "Fig. 2: positive view"),
+    "view-subsumed": (["--positive-view", "subsumed"], "Fig. 2: positive view"),
+    "A1": (["--num-anchors", "1"], "Fig. 2: anchors A"),
+    "A4": (["--num-anchors", "4"], "Fig. 2: anchors A"),
+    "P1": (["--num-positives", "1"], "Fig. 2: positives P"),
+    "P4": (["--num-positives", "4"], "Fig. 2: positives P"),
+}
+TABLES = {"Fig. 3: objective": ["mlm-only", "contrastive-only", "both"],
+          "Fig. 2: positive view": ["both", "view-overlap", "view-adjacent", "view-subsumed"],
+          "Fig. 2: anchors A": ["A1", "both", "A4"],
+          "Fig. 2: positives P": ["P1", "both", "P4"]}
+LABELS = {"both": "both (DeCLUTR: all views, A = P = 2)", "view-overlap": "overlap", "view-adjacent": "adjacent",
+          "view-subsumed": "subsumed", "A1": "A = 1", "A4": "A = 4", "P1": "P = 1", "P4": "P = 4",
+          "mlm-only": "MLM only", "contrastive-only": "contrastive only"}
+
+
+def lexical_floor(pairs, seed: int, dim: int = 300) -> float:
+    """STS-B dev Spearman of the mean of random word vectors: what word overlap alone scores."""
+    a, b, gold = pairs
+    rng, vectors = np.random.default_rng(seed), {}
+
+    def embed(sentence):
+        words = re.findall(r"\w+", sentence.lower()) or [""]
+        for w in words:
+            if w not in vectors:
+                vectors[w] = rng.standard_normal(dim)
+        v = np.mean([vectors[w] for w in words], axis=0)
+        return v / np.linalg.norm(v)
+
+    cos = (np.array([embed(x) for x in a]) * np.array([embed(y) for y in b])).sum(1)
+    return 100 * E.spearman(cos, gold)
+
+
+def initial_models(a, out: Path) -> dict[int, Path]:
+    """One saved scratch model per seed, all with one byte-level BPE trained on the documents."""
+    inits = {s: out / f"init-seed{s}" for s in a.seeds}
+    if all((d / "model.safetensors").exists() for d in inits.values()):
+        return inits
+    tok = H.train_tokenizer(S.document_texts(a.data), M.SHAPES[a.shape]["vocab_size"])
+    for s, d in inits.items():
+        M.save_pretrained(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=s), tok, d)
+    return inits
+
+
+def run_arms(a, out: Path, inits: dict[int, Path]):
+    """Every (arm, seed) not yet finished, --jobs at a time, one CPU thread each when several run together."""
+    todo = [(arm, s) for s in a.seeds for arm in a.arms if not (out / f"{arm}-seed{s}" / "model").exists()]
+    running = []
+    while todo or running:
+        while todo and len(running) < a.jobs:
+            arm, s = todo.pop(0)
+            cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(inits[s]), "--data", *a.data,
+                   "--out", str(out / f"{arm}-seed{s}"), "--overwrite", "--seed", str(s), "--steps", str(a.steps),
+                   "--docs-per-step", str(a.docs_per_step), "--min-span", str(a.min_span),
+                   "--max-span", str(a.max_span), "--lr", str(a.lr), "--eval-data", a.stsb,
+                   "--eval-every", str(a.eval_every), "--ckpt-every", str(a.steps), "--log-every", str(a.steps),
+                   "--cache-dir", str(out / "cache"), *(["--threads", "1"] if a.jobs > 1 else []), *ARMS[arm][0]]
+            log = open(out / f"{arm}-seed{s}.log", "w")
+            running.append((arm, s, time.time(), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+        time.sleep(1)
+        for job in [j for j in running if j[3].poll() is not None]:
+            running.remove(job)
+            arm, s, t0, p = job
+            if p.returncode:
+                sys.exit(f"{arm} seed {s} failed; see {out / f'{arm}-seed{s}.log'}")
+            print(f"{arm} seed {s}: STS-B dev {curve(out, arm, s)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
+
+
+def curve(out: Path, arm: str, seed: int) -> list[tuple[int, float]]:
+    """(step, STS-B dev Spearman) of one run, from its metrics.jsonl."""
+    recs = [json.loads(line) for line in (out / f"{arm}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["stsb_dev_spearman"]) for r in recs if r.get("stsb_dev_spearman") is not None]
+
+
+def tables(a, out: Path, untrained: list[float], floor: list[float]) -> str:
+    """The Markdown report: one table per figure, mean ± std over seeds, and the seeds' own scores."""
+    def cell(xs):
+        return f"{np.mean(xs):.2f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.2f}"
+
+    lines = [f"{a.shape} scratch model, {a.steps} steps of N={a.docs_per_step} documents, spans {a.min_span}-"
+             f"{a.max_span} tokens, lr {a.lr}, seeds {', '.join(map(str, a.seeds))}; STS-B dev Spearman x 100, "
+             f"mean ± standard deviation over the seeds", "",
+             f"- lexical floor (mean of random word vectors): {cell(floor)}",
+             f"- untrained model: {cell(untrained)}"]
+    for title, arms in TABLES.items():
+        arms = [arm for arm in arms if arm in a.arms]
+        if not arms:
+            continue
+        lines += ["", f"**{title}**", "", "| arm | STS-B dev | per seed |", "|---|---|---|"]
+        for arm in arms:
+            finals = [curve(out, arm, s)[-1][1] for s in a.seeds]
+            lines.append(f"| {LABELS[arm]} | {cell(finals)} | {' / '.join(f'{x:.2f}' for x in finals)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(a, out: Path, path: Path, untrained: list[float], floor: list[float]):
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(TABLES), figsize=(5 * len(TABLES), 4), sharey=True)
+    for ax, (title, arms) in zip(axes, TABLES.items(), strict=True):
+        for arm in (arm for arm in arms if arm in a.arms):
+            curves = [[(0, u)] + curve(out, arm, s) for s, u in zip(a.seeds, untrained, strict=True)]
+            steps = [st for st, _ in curves[0]]
+            ys = np.array([[y for _, y in c] for c in curves])
+            ax.plot(steps, ys.mean(0), marker="o", label=LABELS[arm])
+            ax.fill_between(steps, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1), alpha=0.2)
+        ax.axhline(np.mean(floor), color="gray", linestyle="--", linewidth=1, label="lexical floor")
+        ax.set_title(title)
+        ax.set_xlabel("steps")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("STS-B dev Spearman x 100 (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
-    ap.add_argument("--out", default="runs/ablation", help="where the arms' runs go")
-    ap.add_argument("--shape", default="tiny", help="scratch shape (model.py SHAPES)")
-    ap.add_argument("--steps", type=int, default=1500, help="optimiser steps per arm")
+    ap.add_argument("--data", nargs="+", default=None, help="documents (default: the shared Gutenberg books)")
+    ap.add_argument("--stsb", default=None, help="sts-dev.csv (default: the shared copy)")
+    ap.add_argument("--out", default="runs/ablation", help="where the runs and the report go")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to train")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="one initial model and batches each")
+    ap.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="scratch shape")
+    ap.add_argument("--steps", type=int, default=1200, help="optimiser steps per arm")
+    ap.add_argument("--eval-every", type=int, default=200, help="steps between STS-B dev scores (the plot)")
     ap.add_argument("--docs-per-step", type=int, default=16, help="N")
     ap.add_argument("--min-span", type=int, default=16, help="l_min")
     ap.add_argument("--max-span", type=int, default=128, help="l_max")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak lr (a scratch model needs more than the paper's 5e-5)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (on a CPU: its cores, one thread each)")
+    ap.add_argument("--plot", default=str(ROOT / "bench" / "ablation.png"), help="where the plot goes")
     a = ap.parse_args()
     shared, out = Path(a.shared), Path(a.out)
-    books = shared / "data/corpus/gutenberg"
-    stsb = shared / "data/sts/stsbenchmark/sts-dev.csv"
-    init = out / "init"
-    if not (init / "model.safetensors").exists():
-        texts = S.read_documents(S.list_files([books]), dict(empty=0, binary=0, malformed=0, files_repaired=0,
-                                                                bytes_replaced=0))
-        model, tok = M.from_scratch(a.shape, texts, seed=a.seed)
-        M.save_pretrained(model, tok, init)
-    pairs = E.load_stsb_dev(stsb)
-    model, tok = M.load_pretrained(str(init), verbose=False)
-    rows = [("untrained", "-", E.spearman_of(model, tok, pairs), 0.0)]
-    print(f"untrained {a.shape}: STS-B dev Spearman {rows[0][2]:.2f}", flush=True)
-    for arm, flags in [("MLM only", ["--no-contrastive"]), ("contrastive only", ["--no-mlm"]), ("both", [])]:
-        run = out / arm.replace(" ", "-")
-        t = time.time()
-        cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(init), "--data", str(books), "--out", str(run),
-               "--overwrite", "--steps", str(a.steps), "--docs-per-step", str(a.docs_per_step), "--min-span",
-               str(a.min_span), "--max-span", str(a.max_span), "--lr", str(a.lr), "--seed", str(a.seed),
-               "--ckpt-every", str(a.steps), "--log-every", str(max(1, a.steps // 5)), *flags]
-        subprocess.run(cmd, check=True)
-        model, tok = M.load_pretrained(str(run / "model"), verbose=False)
-        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        rows.append((arm, f"{recs[-1]['contrastive']:.3f} / {recs[-1]['mlm']:.3f}", E.spearman_of(model, tok, pairs),
-                     time.time() - t))
-        print(f"{arm}: STS-B dev Spearman {rows[-1][2]:.2f} ({rows[-1][3]:.0f}s)", flush=True)
-    print(f"\n{a.shape} scratch model, {a.steps} steps of N={a.docs_per_step} Gutenberg documents, spans "
-          f"{a.min_span}-{a.max_span} tokens, lr {a.lr}, seed {a.seed}\n")
-    print("| training | final contrastive / MLM loss | STS-B dev Spearman x 100 | minutes |")
-    print("|---|---|---|---|")
-    for arm, losses, sp, sec in rows:
-        print(f"| {arm} | {losses} | {sp:.2f} | {sec / 60:.1f} |")
+    a.data = a.data or [str(shared / "data/corpus/gutenberg")]
+    a.stsb = a.stsb or str(shared / "data/sts/stsbenchmark/sts-dev.csv")
+    out.mkdir(parents=True, exist_ok=True)
+    inits = initial_models(a, out)
+    pairs = E.load_stsb_dev(a.stsb)
+    untrained = [E.spearman_of(*M.load_pretrained(str(inits[s]), verbose=False), pairs) for s in a.seeds]
+    floor = [lexical_floor(pairs, s) for s in a.seeds]
+    t0 = time.time()
+    run_arms(a, out, inits)
+    report = tables(a, out, untrained, floor)
+    (out / "ablation.md").write_text(report)
+    print(f"\n{report}\n{len(a.arms) * len(a.seeds)} runs; {(time.time() - t0) / 60:.0f} minutes of training here")
+    plot(a, out, Path(a.plot), untrained, floor)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,38 @@ def test_span_statistics_follow_the_paper():
     assert views == {"adjacent", "subsumed", "overlapping"}
 
 
+def test_documents_shorter_than_2_a_lmax_are_refused():
+    """The original's rule, n >= 2·A·l_max, in the public function as in the batches."""
+    rng = np.random.default_rng(3)
+    for A, lmax in ((1, 10), (2, 10), (2, 512), (3, 64)):
+        assert len(S.sample_spans(2 * A * lmax, A, 2, 2, lmax, rng)) == A
+        with pytest.raises(ValueError, match=f"need at least {2 * A * lmax}"):
+            S.sample_spans(2 * A * lmax - 1, A, 2, 2, lmax, rng)
+
+
+@pytest.mark.parametrize("view", ["adjacent", "subsumed", "overlap"])
+def test_each_positive_view_keeps_its_geometry(view):
+    """Fig. 2's views on 10,000 draws: every positive adjoins, lies inside, or overlaps without lying inside its
+    anchor; each stays inside the document; and the view changes where positives land (not all the same place)."""
+    rng = np.random.default_rng(4)
+    n, lo, hi = 2048, 32, 512
+    starts = set()
+    for _ in range(10_000 // 2):
+        for (a0, a1), pos in S.sample_spans(n, 2, 1, lo, hi, rng, view):
+            (p0, p1), = pos
+            assert 0 <= p0 < p1 <= n and lo <= p1 - p0 <= hi
+            inside = a0 <= p0 and p1 <= a1
+            shares = p0 < a1 and p1 > a0
+            if view == "adjacent":
+                assert p1 == a0 or p0 == a1
+            elif view == "subsumed":
+                assert inside
+            else:
+                assert shares and not inside
+            starts.add(p0 - a0)
+    assert len(starts) > 100
+
+
 def test_anchor_blocks_are_uniform_over_valid_placements():
     """5 blocks, 2 anchors: exactly the 6 non-neighbouring pairs occur, each about 1/6 of the time."""
     rng = np.random.default_rng(1)
@@ -133,7 +165,7 @@ def test_corpus_reads_every_layout_and_counts_the_bad(tmp_path, tok):
     with gzip.open(d / "sub" / "z.txt.gz", "wt") as f:
         f.write(text(300, 6))
     (d / "notes.md").write_text("not a corpus file")
-    c = S.prepare_corpus([d], tok, str(tmp_path / "cache"), quiet=True)
+    c = S.prepare_corpus([d], tok, str(tmp_path / "cache"), quiet=True, clean=False)  # the text as it is
     m = c.meta
     assert (m["files"], m["documents"], m["empty"], m["binary"], m["malformed"]) == (8, 7, 2, 1, 2)
     assert (m["files_repaired"], m["bytes_replaced"]) == (1, 3)
@@ -141,6 +173,20 @@ def test_corpus_reads_every_layout_and_counts_the_bad(tmp_path, tok):
     assert tok.encode(text(300, 2).replace(" ", "\n", 50), add_special_tokens=False).ids in by_text  # CRLF == LF
     assert sum(len(x) for x in by_text) == m["tokens"] == len(c.tokens)
     assert by_text[0] == tok.encode(text(300, 1), add_special_tokens=False).ids  # files in sorted order
+
+
+def test_whitespace_is_cleaned_as_the_original_does(tmp_path, tok):
+    """Every run of spaces, tabs and newlines becomes one space (the original's sanitize), unless clean=False."""
+    raw = "The  quick\tbrown \t fox\n\njumps   over\r\nthe lazy\u00a0 dog.  \n"
+    (tmp_path / "a.txt").write_text(raw)
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": raw}) + "\n")
+    cleaned = S.prepare_corpus([tmp_path], tok, str(tmp_path / "c1"), quiet=True)
+    want = tok.encode("The quick brown fox jumps over the lazy dog.", add_special_tokens=False).ids
+    assert [cleaned.tokens[cleaned.offsets[i]:cleaned.offsets[i + 1]].tolist() for i in range(2)] == [want, want]
+    kept = S.prepare_corpus([tmp_path], tok, str(tmp_path / "c1"), quiet=True, clean=False)
+    assert kept.dir != cleaned.dir and len(kept.tokens) > len(cleaned.tokens)  # its own cache, more tokens
+    assert kept.tokens[:kept.offsets[1]].tolist() == tok.encode(raw.replace("\r\n", "\n"),
+                                                                add_special_tokens=False).ids
 
 
 def test_corpus_cache_reused_and_rebuilt(tmp_path, tok, capsys):
