@@ -7,6 +7,7 @@ cache folder, the offline switch and the JSON reader; and the training run's plu
 checkpoints written, found and read back, the run folder, the demo's documents.
 """
 import argparse
+import contextlib
 import functools
 import inspect
 import json
@@ -16,6 +17,8 @@ import re
 import shutil
 import socket
 import sys
+import threading
+import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
@@ -120,6 +123,57 @@ def given_fields(argv=None) -> set[str]:
 
 
 # -----------------------------------------------------------------------------------------------
+# Progress of the long phases
+
+
+class Progress:
+    """A long phase's progress on stderr: it says what it does when it starts, then a live line on a terminal, or
+    otherwise a plain line every `every` seconds (DECLUTR_PROGRESS_EVERY overrides 10), then how it ended."""
+
+    def __init__(self, label: str, start: str, quiet: bool = False):
+        self.label, self.quiet, self.tty = label, quiet, sys.stderr.isatty()
+        self.every = float(os.environ.get("DECLUTR_PROGRESS_EVERY", "10"))
+        self.t0 = self.last = time.time()
+        self.note(start)
+
+    def __call__(self, text: str):
+        """Report `text` (where the phase is) if a report is due."""
+        now = time.time()
+        if self.tty and now - self.last >= 0.2:
+            self.last = now
+            if not self.quiet:
+                print(f"\r{self.label}: {text}\033[K", end="", file=sys.stderr, flush=True)
+        elif not self.tty and now - self.last >= self.every:
+            self.last = now
+            self.note(f"{text} ({now - self.t0:.0f}s)")
+
+    @contextlib.contextmanager
+    def ticking(self, status):
+        """Report status() every second (so, when due) while a call that reports nothing runs (it must release the
+        GIL, as the tokenizers library's trainer does)."""
+        stop = threading.Event()
+
+        def tick():
+            while not stop.wait(1.0):
+                self(status())
+
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def note(self, text: str):
+        """A line now (over the live line, on a terminal): the phase begins, ends, or moves on."""
+        if not self.quiet:
+            print(("\r\033[K" if self.tty else "") + f"{self.label}: {text}", file=sys.stderr, flush=True)
+
+    done = note
+
+
+# -----------------------------------------------------------------------------------------------
 # Files
 
 
@@ -133,6 +187,8 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
     try:
         remove_stale_temporaries(path.parent)
         write(tmp)
+        if tmp.is_file():  # the mode `open` would give, whatever the writer chose (safetensors: 0600)
+            os.chmod(tmp, 0o666 & ~_umask())
         if tmp.is_dir() and path.is_dir() and not keep_existing:
             shutil.rmtree(path)  # a rename cannot replace a folder that holds files
         try:
@@ -152,6 +208,12 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
 
 
 _HOST = socket.gethostname().split(".")[0] or "host"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 _TEMPORARY = re.compile(r"^\..+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp$")
 
 

@@ -27,7 +27,7 @@ import torch
 
 import hub as H
 import model as M
-from common import UserError, bounded, choice, cli, parse_config, write_atomic
+from common import Progress, UserError, bounded, choice, cli, parse_config, write_atomic
 
 
 @dataclass
@@ -69,7 +69,8 @@ def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
 @torch.inference_mode()
 def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", normalize: bool = False,
            dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
-    """Mean-pooled embeddings (len(texts), hidden) in input order, float32."""
+    """Mean-pooled embeddings (len(texts), hidden) in input order, float32. progress(texts, windows) is told, after
+    each batch, how many texts it finished (a text is finished once all its windows are) and how many windows ran."""
     device = next(model.parameters()).device
     batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
     sp, max_tokens = H.special_ids(tok), model.config.max_tokens
@@ -82,6 +83,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
     out = np.zeros((len(pieces), model.config.hidden_size), dtype=np.float32)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and dtype != torch.float32)
+    owner, left = np.asarray(owner), np.bincount(owner, minlength=len(encodings))  # windows left per text
     i = 0
     while i < len(order):
         T = len(pieces[order[i]])
@@ -91,7 +93,9 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
             emb = model.embed(ids.to(device), mask.to(device))
         out[order[i:j]] = emb.float().cpu().numpy()
         if progress:
-            progress(j - i if long == "truncate" else len({owner[k] for k in order[i:j]}))
+            texts = owner[order[i:j]]
+            np.subtract.at(left, texts, 1)
+            progress(int((left[np.unique(texts)] == 0).sum()), j - i)
         i = j
     if len(pieces) != len(encodings):  # --long chunk: a text's embedding is the mean of its windows
         sums = np.zeros((len(encodings), out.shape[1]), dtype=np.float64)
@@ -201,24 +205,20 @@ def main(argv=None):
         n = sum(sum(1 for _ in read_texts(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
         if n == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
-        done, t0, tty = 0, time.time(), sys.stderr.isatty()
+        progress, done = Progress("embedding", f"{n:,} texts with {cfg.model}, into {out}"), [0, 0]
 
-        def progress(k):
-            nonlocal done
-            done += k
-            if tty:
-                print(f"\rembedding {done:,}/{n:,} texts, {done / (time.time() - t0):,.0f}/s", end="", file=sys.stderr)
+        def report(texts: int, windows: int):  # texts finished, and (--long chunk) the windows they took
+            done[0], done[1] = done[0] + texts, done[1] + windows
+            chunks = f" ({done[1]:,} windows)" if cfg.long == "chunk" else ""
+            progress(f"{done[0]:,}/{n:,} texts{chunks}, {done[0] / (time.time() - progress.t0):,.0f} texts/s")
 
         def write(tmp: Path):
             with open(tmp, "wb") as f:
-                write_rows(f, cfg, n, model, tok, dtype, stdin_copy, progress)
+                write_rows(f, cfg, n, model, tok, dtype, stdin_copy, report)
 
         write_atomic(out, write)  # only a complete output gets the name the user asked for
-        if tty:
-            print(file=sys.stderr)
-    seconds = time.time() - t0
-    print(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)",
-          file=sys.stderr)
+    seconds = time.time() - progress.t0
+    progress.done(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import io
 import os
 import re
 import tarfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import torch
 import embed as E
 import model as M
 from common import (
+    Progress,
     UserError,
     bounded,
     cache_dir,
@@ -86,9 +88,15 @@ def spearman(x, y) -> float:
     return pearson(rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float)))
 
 
-def cosines(model, tok, a, b, batch_tokens=0) -> np.ndarray:
+def cosines(model, tok, a, b, batch_tokens=0, progress=None) -> np.ndarray:
     uniq = list(dict.fromkeys(a + b))  # each sentence embedded once
-    emb = E.encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True)
+    done = [0]
+
+    def report(texts: int, windows: int):
+        done[0] += texts
+        progress(f"{done[0]:,}/{len(uniq):,} sentences")
+
+    emb = E.encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, progress=report if progress else None)
     where = {s: i for i, s in enumerate(uniq)}
     return (emb[[where[s] for s in a]] * emb[[where[s] for s in b]]).sum(1)
 
@@ -99,13 +107,22 @@ def _mean(values) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def score(model, tok, tasks, batch_tokens=0) -> dict:
+FEW = 100  # pairs: below this a correlation is marked, not reported as a result
+WHY_FEW = (f"* fewer than {FEW} pairs: over so few pairs one pair more or less moves a correlation by points; "
+           f"it is not a score to compare")
+
+
+def score(model, tok, tasks, batch_tokens=0, progress=None) -> dict:
+    """{task: scores}; a task or subset of fewer than FEW pairs carries few_pairs: true."""
     out = {}
     for task, subsets in tasks.items():
         per = {}
         for name, (a, b, gold) in subsets.items():
-            cos = cosines(model, tok, a, b, batch_tokens)
-            per[name] = dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold), cos=cos)
+            if progress:
+                progress.note(f"{task} {name}".strip() + f", {len(gold):,} pairs")
+            cos = cosines(model, tok, a, b, batch_tokens, progress)
+            per[name] = dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold), cos=cos,
+                             **({"few_pairs": True} if len(gold) < FEW else {}))
         if list(per) == [""]:
             out[task] = {k: v for k, v in per[""].items() if k != "cos"}
             continue
@@ -113,7 +130,8 @@ def score(model, tok, tasks, batch_tokens=0) -> dict:
         gold = np.concatenate([g for _, _, g in subsets.values()])
         out[task] = {"all": 100 * spearman(cos, gold), "mean": _mean(p["spearman"] for p in per.values()),
                      "pearson_all": 100 * pearson(cos, gold), "pearson_mean": _mean(p["pearson"] for p in per.values()),
-                     "n": len(gold), "subsets": {k: {m: v for m, v in p.items() if m != "cos"} for k, p in per.items()}}
+                     "n": len(gold), "subsets": {k: {m: v for m, v in p.items() if m != "cos"} for k, p in per.items()},
+                     **({"few_pairs": True} if len(gold) < FEW else {})}
     return out
 
 
@@ -133,12 +151,13 @@ def table(results: dict) -> str:
                 r = results[m][task]
                 sp, pe = (r["spearman"], r["pearson"]) if not agg else (r[agg], r[f"pearson_{agg}"])
                 cells.append("   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})")
-            rows.append([f"{task} {agg}".strip(), str(first["n"])] + cells)
+            rows.append([f"{task} {agg}".strip(), f"{first['n']}" + ("*" if first["n"] < FEW else "")] + cells)
     head = ["task", "pairs"] + models
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [head, ["-" * w for w in widths]] + rows
+    few = any(r[1].endswith("*") for r in rows)
     return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines] +
-                     ["Spearman x 100 of cosine similarity (Pearson x 100)"])
+                     ["Spearman x 100 of cosine similarity (Pearson x 100)"] + ([WHY_FEW] if few else []))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -299,8 +318,10 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = {}
     for name in cfg.model:
+        progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
         model, tok = M.load_pretrained(name, verbose=False)
-        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens)
+        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress)
+        progress.done(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
     print(table(results))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))

@@ -15,7 +15,7 @@ import http.client
 import os
 import re
 import shutil
-import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import OneLineParser, UserError, cli, make_dirs, offline, read_json, write_atomic
+from common import OneLineParser, Progress, UserError, cli, make_dirs, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -81,15 +81,29 @@ def _byte_level(tok: Tokenizer):
                                                       ("<s>", tok.token_to_id("<s>")))
 
 
-def train_tokenizer(texts, vocab_size: int) -> Tokenizer:
+def train_tokenizer(texts, vocab_size: int, quiet: bool = True) -> Tokenizer:
     """A byte-level BPE (RoBERTa's kind) trained on the user's own documents, for pretraining from scratch."""
+    progress = Progress("tokenizer", f"training a byte-level BPE of {vocab_size:,} tokens on the documents", quiet)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=ROBERTA_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
+    status = ["reading the documents"]
+    with progress.ticking(lambda: status[0]):  # the trainer itself says nothing, for tens of seconds
+        tok.train_from_iterator(_counted(texts, status), trainer)
     _byte_level(tok)
+    progress.done(f"{tok.get_vocab_size():,} tokens ({time.time() - progress.t0:.1f}s)")
     return tok
+
+
+def _counted(texts, status: list):
+    """The texts, with status[0] saying how many characters the trainer has read, then that it learns merges."""
+    chars = 0
+    for text in texts:
+        chars += len(text)
+        status[0] = f"read {chars / 1e6:,.1f}M characters"
+        yield text
+    status[0] = f"read {chars / 1e6:,.1f}M characters; learning the merges"
 
 
 def special_ids(tok: Tokenizer) -> dict[str, int]:
@@ -327,13 +341,18 @@ class _Repo:
 
     def _receive(self, resp, tmp: Path, name: str, size: int, etag: str):
         h, n, url = hashlib.sha256(), 0, f"{self.endpoint}/{self.repo}/resolve/{self.revision}/{name}"
+        progress = None
+        if size > 1 << 22:  # the weights: worth saying
+            progress = Progress("download", f"{self.repo}/{name}, {size / 2**20:,.0f} MiB, into {self.snap}")
         with resp, open(tmp, "wb") as f:
             while chunk := _read(resp, url):
                 f.write(chunk)
                 h.update(chunk)
                 n += len(chunk)
-                if size > 1 << 22 and sys.stderr.isatty():
-                    print(f"\r{self.repo}/{name}: {n / 2**20:.0f}/{size / 2**20:.0f} MiB", end="", file=sys.stderr)
+                if progress:
+                    progress(f"{n / 2**20:,.0f} of {size / 2**20:,.0f} MiB")
+        if progress:
+            progress.done(f"{n / 2**20:,.0f} MiB in {time.time() - progress.t0:.0f}s")
         if size >= 0 and n != size:
             raise UserError(f"{url}: got {n} of {size} bytes")
         if re.fullmatch(r"[0-9a-f]{64}", etag) and h.hexdigest() != etag:  # LFS files: sha256
@@ -405,6 +424,6 @@ def main(argv=None):
         out = Path(a.out)
         if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not a.overwrite:
             raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
-        model, tok = M.from_scratch(a.shape, document_texts(a.corpus), a.seed)
+        model, tok = M.from_scratch(a.shape, document_texts(a.corpus), a.seed, quiet=False)
         M.save_pretrained(model, tok, a.out)
         print(f"wrote {a.out}: {a.shape}, vocab {model.config.vocab_size}")

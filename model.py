@@ -316,11 +316,11 @@ def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_emb
     return model
 
 
-def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514):
+def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet: bool = True):
     """(random-init encoder, byte-level BPE trained on `texts`, an iterable of str)."""
     if shape not in SHAPES:
         raise UserError(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
-    tok = H.train_tokenizer(texts, SHAPES[shape]["vocab_size"])
+    tok = H.train_tokenizer(texts, SHAPES[shape]["vocab_size"], quiet)
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
 

@@ -35,6 +35,7 @@ import torch
 import hub as H
 import model as M
 from common import (
+    Progress,
     UserError,
     bounded,
     cache_dir,
@@ -265,22 +266,21 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool
         if not quiet:
             print(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
         return corpus
-    t0 = time.time()
+    progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}", quiet)
     # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
     # folder is kept
-    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, quiet, clean), keep_existing=True)
+    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean), keep_existing=True)
     corpus = Corpus(out)
-    if not quiet:
-        print(f"corpus: {corpus.meta['summary']} ({time.time() - t0:.1f}s, cached in {out})", file=sys.stderr)
+    progress.done(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
     return corpus
 
 
-def _tokenise(files, tok, folder: Path, quiet: bool, clean: bool):
+def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool):
     """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
     folder.mkdir()
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
     stats = dict(files=len(files), documents=0, empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
-    offsets, t0, last = array.array("q", [0]), time.time(), 0.0  # 8 bytes a document
+    offsets = array.array("q", [0])  # 8 bytes a document
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
     with open(folder / "tokens.bin", "wb") as f:
         for texts in _batches(read_documents(files, stats, clean), 1 << 24):
@@ -288,10 +288,8 @@ def _tokenise(files, tok, folder: Path, quiet: bool, clean: bool):
                 ids = np.asarray(e.ids, dtype=dtype)
                 f.write(ids.tobytes())
                 offsets.append(offsets[-1] + len(ids))
-            if not quiet and time.time() - last > 2:
-                last = time.time()
-                print(f"corpus: {len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
-                      f"{offsets[-1] / (last - t0):,.0f} tokens/s", file=sys.stderr, flush=True)
+            progress(f"{len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
+                     f"{offsets[-1] / (time.time() - progress.t0):,.0f} tokens/s")
     stats["documents"], stats["tokens"] = len(offsets) - 1, offsets[-1]
     np.save(folder / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
     summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
@@ -335,7 +333,9 @@ class SpanBatches(torch.utils.data.Dataset):
         self.sp = H.special_ids(tok)
         self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.sp.values()))
         self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
-        if self.max_span < cfg.max_span and not quiet:
+        # The paper's l_max of 512 already means the span inside <s> ... </s>: only a --max-span the user chose is
+        # worth a warning when it has to be lowered
+        if self.max_span < cfg.max_span != SamplerConfig.max_span and not quiet:
             print(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
                   f"using {self.max_span}", file=sys.stderr)
         A, lengths = cfg.num_anchors, corpus.lengths

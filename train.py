@@ -14,6 +14,7 @@ a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to nor
         train.py --model roberta-base --data owt/ --out runs/declutr-base
     python train.py --out runs/declutr-small --resume          # continue from the newest checkpoint
 """
+import collections
 import contextlib
 import functools
 import json
@@ -312,7 +313,8 @@ class Run:
 
 def train(r: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
-    cfg, t0, tokens, start = r.cfg, time.time(), 0, r.step
+    cfg, t0 = r.cfg, time.time()
+    clock = collections.deque([(t0, 0)], maxlen=RECENT + 1)  # (time, tokens so far) after each of the recent steps
     for batch in S.make_loader(r.batches, r.step, r.total, cfg.workers):
         # The slanted triangular schedule sets this step's learning rate
         for g in r.opt.param_groups:
@@ -329,14 +331,15 @@ def train(r: Run):
         r.opt.step()
         r.opt.zero_grad(set_to_none=True)
         r.step += 1
-        tokens += s["tokens"] * r.world
+        clock.append((time.time(), clock[-1][1] + s["tokens"] * r.world))
+        (t_old, n_old), (t_new, n_new) = clock[0], clock[-1]
         rec = dict(step=r.step, contrastive=round(s["contrastive"], 6), mlm=round(s["mlm"], 6),
                    lr=r.opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4),
-                   tokens_per_s=round(tokens / (time.time() - t0)))
+                   tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
         if r.evaluate and ((cfg.eval_every and r.step % cfg.eval_every == 0) or r.step == r.total):
             score_and_keep_best(r, rec)
         if r.rank == 0:
-            log(r, rec, time.time() - t0, r.step - start)
+            log(r, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
         if r.step % cfg.ckpt_every == 0 or r.step == r.total:
             if r.rank == 0:
                 r.last_good = C.save_checkpoint(r.out, r.model, r.tok, r.opt, r.step, cfg, {"best": r.best})
@@ -354,7 +357,10 @@ def score_and_keep_best(r: Run, rec: dict):
         M.save_pretrained(r.model, r.tok, r.out / "best")
 
 
-def log(r: Run, rec: dict, elapsed: float, steps_done: int):
+RECENT = 20  # steps over which tokens/s and the ETA are measured: the first minutes do not skew them
+
+
+def log(r: Run, rec: dict, elapsed: float, seconds_per_step: float):
     """Every step into out/metrics.jsonl; every --log-every steps a line on stdout."""
     with open(r.out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -362,7 +368,7 @@ def log(r: Run, rec: dict, elapsed: float, steps_done: int):
         sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
         print(f"step {r.step}/{r.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
               f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {elapsed:.0f}s elapsed | "
-              f"ETA {elapsed / steps_done * (r.total - r.step):.0f}s{sts}", flush=True)
+              f"ETA {seconds_per_step * (r.total - r.step):.0f}s{sts}", flush=True)
 
 
 @C.cli
@@ -420,7 +426,7 @@ def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, devic
     if pairs:
         r.evaluate = functools.partial(evaluate_sts.spearman_of, model, tok, pairs)
     C.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
-              f"documents")
+              f"documents, {total / batches.steps_per_epoch:.1f} passes over its {len(batches.docs):,} documents")
     return r
 
 
@@ -479,7 +485,7 @@ def build_model(cfg: TrainConfig, rank: int, world: int):
     tok_json = [None]
     if rank == 0:
         texts = S.document_texts(cfg.data, clean=not cfg.keep_whitespace)
-        tok_json = [H.train_tokenizer(texts, M.SHAPES[shape]["vocab_size"]).to_str()]
+        tok_json = [H.train_tokenizer(texts, M.SHAPES[shape]["vocab_size"], quiet=False).to_str()]
     if world > 1:
         dist.broadcast_object_list(tok_json, src=0)
     tok = H.Tokenizer.from_str(tok_json[0])
@@ -514,7 +520,7 @@ def finish(r: Run):
     best = f", the best by STS-B dev ({r.best:.2f}) in {r.out / 'best'}" if r.best >= 0 else ""
     print(f"done: the model is in {r.out / 'model'}{best}")
     print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
-          f"python embed.py --model {r.out / 'model'} - --output embeddings.npy")
+          f"python embed.py --model {r.out / 'model'} - --output {r.out / 'embeddings.npy'}")
     print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {r.out / 'model'} --split dev"
           f"   # downloads the STS Benchmark once; or --data FOLDER holding sts-dev.csv")
 

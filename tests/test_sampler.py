@@ -233,9 +233,11 @@ def test_batches_hold_the_documents_spans(tmp_path, tok):
 
 def test_spans_fit_the_models_positions(tmp_path, tok, capsys):
     c, _ = make_batches(tmp_path, tok, n_docs=4, words=800)
-    sb = S.SpanBatches(c, tok, small_cfg(max_span=512, min_span=8), max_tokens=66)
-    assert "using 64" in capsys.readouterr().err
+    sb = S.SpanBatches(c, tok, small_cfg(max_span=100, min_span=8), max_tokens=66)
+    assert "max_span 100 + 2 special tokens exceeds the model's 66 positions; using 64" in capsys.readouterr().err
     assert max(int(sb[s]["anchor_lengths"].max()) for s in range(sb.steps_per_epoch)) <= 66
+    sb = S.SpanBatches(c, tok, small_cfg(max_span=512, min_span=8), max_tokens=66)  # the default: lowered quietly
+    assert "using" not in capsys.readouterr().err and sb.max_span == 64
 
 
 def test_shards_disjoint_covering_and_seeded(tmp_path, tok):

@@ -431,7 +431,7 @@ def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path
     assert "the demo, scratch:tiny" in out and "done: the model is in runs/demo/model" in out
     assert len(list((tmp_path / "cache" / "declutr" / "demo-corpus").glob("*.txt"))) > 100
     embed_cmd = next(line for line in out.splitlines() if "python embed.py" in line)
-    assert "--model runs/demo/model - --output embeddings.npy" in embed_cmd
+    assert "--model runs/demo/model - --output runs/demo/embeddings.npy" in embed_cmd  # under the run, not the repo
     (tmp_path / "t.txt").write_text("A man is playing a guitar.\nA woman is singing.\n")
     embed.main(["--model", "runs/demo/model", str(tmp_path / "t.txt"), "--output", "e.npy"])
     assert np.load("e.npy").shape == (2, 64)

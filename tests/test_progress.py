@@ -1,0 +1,75 @@
+"""No silent minute: the long phases report progress when stderr is not a terminal (a log, a pipe), the embedding
+counter counts texts and windows apart, and saved model files share the mode `open` would give them."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+
+import embed as E
+import model as M
+from conftest import ROOT
+
+EVERY = {**os.environ, "DECLUTR_PROGRESS_EVERY": "0"}  # a report at every chance, so that a short run shows them
+
+
+def test_chunk_counter_counts_texts_and_windows_apart():
+    """Long texts split into several windows: texts are counted once each, when their last window is done."""
+    model, tok = M.from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
+    texts = [" ".join(["one two three four five six"] * k) for k in (1, 6, 3, 9, 1, 12)]
+    windows = sum(len(E._segments(e.ids, model.config.max_tokens, "chunk")) for e in tok.encode_batch(texts))
+    seen = []
+    E.encode(texts, model.eval(), tok, batch_tokens=40, long="chunk", progress=lambda t, w: seen.append((t, w)))
+    done = np.cumsum(seen, axis=0)
+    assert len(seen) > 3 and windows > len(texts)
+    assert done[-1].tolist() == [len(texts), windows]  # today: 43 "texts" of 3
+    assert (done[:, 0] <= len(texts)).all() and (done[:, 0] <= done[:, 1]).all()
+
+
+def test_long_phases_report_progress_to_a_log(tmp_path):
+    (tmp_path / "docs").mkdir()
+    for i in range(3):
+        (tmp_path / "docs" / f"{i}.txt").write_text("the cat sat on the mat while a dog barked at the moon. " * 300)
+    r = subprocess.run([sys.executable, str(ROOT / "model.py"), "scratch", "--corpus", str(tmp_path / "docs"),
+                        "--out", str(tmp_path / "m")], capture_output=True, text=True, timeout=300, env=EVERY)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("tokenizer: training a byte-level BPE of 4,096 tokens")
+    assert any("tokenizer: read " in line and "characters" in line for line in lines)
+    assert lines[-1].startswith("tokenizer: ") and " tokens (" in lines[-1]
+    (tmp_path / "t.txt").write_text("\n".join(["the cat sat on the mat " * 200] * 20) + "\n")
+    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(tmp_path / "m"), str(tmp_path / "t.txt"),
+                        "--output", str(tmp_path / "e.npy"), "--long", "chunk", "--batch-tokens", "1024"],
+                       capture_output=True, text=True, timeout=300, env=EVERY)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("embedding: 20 texts with") and lines[-1].startswith("embedding: wrote")
+    counts = [line.split()[1] for line in lines[1:-1]]  # "embedding: 7/20 texts (40 windows), ..."
+    assert len(counts) >= 2 and counts[-1] == "20/20" and all("windows" in line for line in lines[1:-1])
+    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(tmp_path / "m"), "--data",
+                        str(tmp_path / "docs"), "--min-span", "8", "--max-span", "32", "--docs-per-step", "3",
+                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300, env=EVERY)
+    assert r.returncode == 0, r.stderr
+    assert "corpus: tokenising 3 files once" in r.stderr and "corpus: 3 documents" in r.stderr
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{i}\t{i}.0\tthe cat sat\tthe dog sat {i}\n"
+                                                          for i in range(5)))
+    r = subprocess.run([sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(tmp_path / "m"), "--data",
+                        str(tmp_path / "sts"), "--split", "dev", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, timeout=300, env=EVERY)
+    assert r.returncode == 0, r.stderr
+    assert f"evaluate: {tmp_path / 'm'} on STSB" in r.stderr and "evaluate: STSB, 5 pairs" in r.stderr
+    assert "5*" in r.stdout and "fewer than 100 pairs" in r.stdout  # a task of 5 pairs is marked, and why
+    assert json.loads((tmp_path / "r.json").read_text())["STSB"]["few_pairs"] is True
+
+
+def test_saved_model_files_share_one_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        M.save_pretrained(*M.from_scratch("tiny", ["a b c d e f g"] * 20), tmp_path / "m")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o640}, modes  # safetensors alone wrote 0600
