@@ -17,6 +17,7 @@ a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to nor
 import collections
 import contextlib
 import functools
+import gc
 import json
 import math
 import os
@@ -381,6 +382,8 @@ def main(argv=None):
         train(r)
         if rank == 0:
             finish(r)
+        if world > 1:
+            dist.barrier()  # no rank tears its connections down while another still uses them
     except KeyboardInterrupt:  # Ctrl-C: one line, the checkpoint to resume from
         where = f"at step {r.step}; last checkpoint: {r.last_good or 'none yet'}" if r else "before training began"
         raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {r.out} --resume)"
@@ -388,6 +391,9 @@ def main(argv=None):
     finally:
         torch.set_num_threads(threads)
         if world > 1 and dist.is_initialized():
+            if r is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
+                r.net = None
+                gc.collect()
             dist.destroy_process_group()
 
 

@@ -2,6 +2,7 @@
 train_step through DistributedDataParallel, as train.py does; rank 0 writes the resulting gradient of every
 configuration, which must equal that of one process holding the whole batch. Each configuration runs two steps:
 DDP reports a parameter left out of a step's reduction (or hangs) only at the next one."""
+import gc
 import os
 import sys
 from pathlib import Path
@@ -29,4 +30,7 @@ for name, kw in DDP_CONFIGS.items():
                            for n, p in model.named_parameters()}
 if rank == 0:
     torch.save(out, os.environ["DDP_GRAD_OUT"])
+del net  # DDP holds the process group: freed at exit, after Python's teardown, it aborts the process
+gc.collect()
+dist.barrier()
 dist.destroy_process_group()
