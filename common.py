@@ -150,10 +150,12 @@ class Progress:
     @contextlib.contextmanager
     def ticking(self, status):
         """Report status() every second (so, when due) while a call that reports nothing runs (it must release the
-        GIL, as the tokenizers library's trainer does)."""
+        GIL, as the tokenizers library's trainer does). The first chance comes at once, so that even a call shorter
+        than a second has one (a report only if one is due: with the default `every`, none)."""
         stop = threading.Event()
 
         def tick():
+            self(status())
             while not stop.wait(1.0):
                 self(status())
 
@@ -450,6 +452,7 @@ def demo_corpus(cache: str) -> Path:
     root = cache_dir(cache) / "demo-corpus"
     if root.exists():
         return root
+    progress = Progress("demo", f"collecting Python's help topics and docstrings into {root}")
     docs = {f"topic-{k}": v for k, v in topics.items()}
     for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
         if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
@@ -470,4 +473,5 @@ def demo_corpus(cache: str) -> Path:
 
     make_dirs(root.parent, "pass --cache-dir with a folder you can write")
     write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
+    progress.done(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
     return root
