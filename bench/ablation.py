@@ -7,11 +7,12 @@ vectors, scored on the same pairs).
 
     python bench/ablation.py                                   # CPU: tiny shape, 3 seeds, all arms, ~1.5 h on 2 cores
     python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
-    python bench/ablation.py --shape distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
+    python bench/ablation.py --model distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
         --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
 
-For each seed, one initial model (the seed's weights, one BPE tokenizer for all) is saved, and every arm of that seed
-starts from it with that seed's batches (train.py --seed), so that arms differ only in what they ablate. The tables go
+For each seed, one initial model (the seed's weights, one BPE tokenizer for all) is saved, or with --model the same
+pretrained encoder serves every seed, and every arm of that seed starts from it with that seed's batches (train.py
+--seed), so that arms differ only in what they ablate. The tables go
 to OUT/ablation.md and, with matplotlib installed, STS-B dev against steps to bench/ablation.png. Finished runs are
 kept: running the script again continues where it stopped.
 """
@@ -72,8 +73,11 @@ def lexical_floor(pairs, seed: int, dim: int = 300) -> float:
     return 100 * E.spearman(cos, gold)
 
 
-def initial_models(a, out: Path) -> dict[int, Path]:
-    """One saved scratch model per seed, all with one byte-level BPE trained on the documents."""
+def initial_models(a, out: Path) -> dict[int, str]:
+    """--model for every seed (a pretrained encoder: seeds differ in batches, masks and dropout), else one saved
+    scratch model per seed, all with one byte-level BPE trained on the documents."""
+    if a.model:
+        return {s: a.model for s in a.seeds}
     inits = {s: out / f"init-seed{s}" for s in a.seeds}
     if all((d / "model.safetensors").exists() for d in inits.values()):
         return inits
@@ -104,6 +108,9 @@ def run_arms(a, out: Path, inits: dict[int, Path]):
             arm, s, t0, p = job
             if p.returncode:
                 sys.exit(f"{arm} seed {s} failed; see {out / f'{arm}-seed{s}.log'}")
+            seconds = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
+            seconds[f"{arm}-seed{s}"] = round(time.time() - t0)
+            (out / "seconds.json").write_text(json.dumps(seconds, indent=1))  # the total, over every invocation
             print(f"{arm} seed {s}: STS-B dev {curve(out, arm, s)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
 
 
@@ -113,24 +120,44 @@ def curve(out: Path, arm: str, seed: int) -> list[tuple[int, float]]:
     return [(r["step"], r["stsb_dev_spearman"]) for r in recs if r.get("stsb_dev_spearman") is not None]
 
 
+def panels(a) -> dict[str, list[str]]:
+    """The figures this run's arms fill: each with its arms that ran, and none where "both" would be alone."""
+    filled = {title: [arm for arm in arms if arm in a.arms] for title, arms in TABLES.items()}
+    filled = {title: arms for title, arms in filled.items() if set(arms) - {"both"}}
+    return filled or {"DeCLUTR": ["both"]}
+
+
 def tables(a, out: Path, untrained: list[float], floor: list[float]) -> str:
-    """The Markdown report: one table per figure, mean ± std over seeds, and the seeds' own scores."""
+    """The Markdown report: one table per figure with each arm's mean ± std over seeds, its paired differences (same
+    seed, so same initial weights and batches) to the untrained model and to "both", and the seeds' own scores."""
     def cell(xs):
         return f"{np.mean(xs):.2f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.2f}"
 
-    lines = [f"{a.shape} scratch model, {a.steps} steps of N={a.docs_per_step} documents, spans {a.min_span}-"
+    def delta(xs, ref):
+        # A difference is a finding only when it is larger than its spread over the seeds and than either arm's.
+        d = np.subtract(xs, ref)
+        spread = max(np.std(d, ddof=1), np.std(xs, ddof=1), np.std(ref, ddof=1)) if len(xs) > 1 else np.inf
+        text = f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) if len(xs) > 1 else 0:.2f}"
+        return f"**{text}**" if abs(np.mean(d)) > spread else text
+
+    both = [curve(out, "both", s)[-1][1] for s in a.seeds] if "both" in a.arms else None
+    start = a.model if a.model else f"{a.shape} scratch model"
+    lines = [f"{start}, {a.steps} steps of N={a.docs_per_step} documents, spans {a.min_span}-"
              f"{a.max_span} tokens, lr {a.lr}, seeds {', '.join(map(str, a.seeds))}; STS-B dev Spearman x 100, "
-             f"mean ± standard deviation over the seeds", "",
+             f"mean ± standard deviation over the seeds. Δ: the paired difference (same seed, so same initial "
+             f"weights and batches); **bold** where it is larger than its own spread over the seeds and than both "
+             f"arms' standard deviations: nothing else can be told apart from seed noise (and with few seeds a bold "
+             f"one is a lead, not proof).", "",
              f"- lexical floor (mean of random word vectors): {cell(floor)}",
-             f"- untrained model: {cell(untrained)}"]
-    for title, arms in TABLES.items():
-        arms = [arm for arm in arms if arm in a.arms]
-        if not arms:
-            continue
-        lines += ["", f"**{title}**", "", "| arm | STS-B dev | per seed |", "|---|---|---|"]
+             f"- untrained model: {cell(untrained)} ({' / '.join(f'{x:.2f}' for x in untrained)})"]
+    for title, arms in panels(a).items():
+        lines += ["", f"**{title}**", "", "| arm | STS-B dev | Δ untrained | Δ both | per seed |", 
+                  "|---|---|---|---|---|"]
         for arm in arms:
             finals = [curve(out, arm, s)[-1][1] for s in a.seeds]
-            lines.append(f"| {LABELS[arm]} | {cell(finals)} | {' / '.join(f'{x:.2f}' for x in finals)} |")
+            vs_both = delta(finals, both) if both is not None and arm != "both" else "–"
+            lines.append(f"| {LABELS[arm]} | {cell(finals)} | {delta(finals, untrained)} | {vs_both} | "
+                         f"{' / '.join(f'{x:.2f}' for x in finals)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -143,19 +170,28 @@ def plot(a, out: Path, path: Path, untrained: list[float], floor: list[float]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(TABLES), figsize=(5 * len(TABLES), 4), sharey=True)
-    for ax, (title, arms) in zip(axes, TABLES.items(), strict=True):
-        for arm in (arm for arm in arms if arm in a.arms):
+    tables = panels(a)
+    cols = min(2, len(tables))
+    fig, axes = plt.subplots((len(tables) + cols - 1) // cols, cols, figsize=(6 * cols, 4 * ((len(tables) + 1) // 2)),
+                             sharey=True, squeeze=False)
+    for ax, (title, arms) in zip(axes.flat, tables.items(), strict=False):  # an odd count leaves one empty
+        others = iter(["tab:blue", "tab:orange", "tab:red"])
+        for arm in arms:
             curves = [[(0, u)] + curve(out, arm, s) for s, u in zip(a.seeds, untrained, strict=True)]
             steps = [st for st, _ in curves[0]]
             ys = np.array([[y for _, y in c] for c in curves])
-            ax.plot(steps, ys.mean(0), marker="o", label=LABELS[arm])
-            ax.fill_between(steps, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1), alpha=0.2)
+            color = "black" if arm == "both" else next(others)  # DeCLUTR itself looks the same in every panel
+            ax.plot(steps, ys.mean(0), marker="o", color=color, label=LABELS[arm])
+            ax.fill_between(steps, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1), color=color,
+                            alpha=0.15)
         ax.axhline(np.mean(floor), color="gray", linestyle="--", linewidth=1, label="lexical floor")
         ax.set_title(title)
         ax.set_xlabel("steps")
         ax.legend(fontsize=8)
-    axes[0].set_ylabel("STS-B dev Spearman x 100 (mean ± std over seeds)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("STS-B dev Spearman x 100\n(mean ± std over seeds)")
+    for ax in axes.flat[len(tables):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
@@ -170,7 +206,9 @@ def main():
     ap.add_argument("--out", default="runs/ablation", help="where the runs and the report go")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to train")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="one initial model and batches each")
-    ap.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="scratch shape")
+    ap.add_argument("--model", default=None, help="start every arm from this pretrained encoder (a hub id or a "
+                    "folder) instead of a scratch model")
+    ap.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="scratch shape (without --model)")
     ap.add_argument("--steps", type=int, default=1200, help="optimiser steps per arm")
     ap.add_argument("--eval-every", type=int, default=200, help="steps between STS-B dev scores (the plot)")
     ap.add_argument("--docs-per-step", type=int, default=16, help="N")
@@ -192,7 +230,10 @@ def main():
     run_arms(a, out, inits)
     report = tables(a, out, untrained, floor)
     (out / "ablation.md").write_text(report)
-    print(f"\n{report}\n{len(a.arms) * len(a.seeds)} runs; {(time.time() - t0) / 60:.0f} minutes of training here")
+    seconds = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
+    total = sum(seconds.get(f"{arm}-seed{s}", 0) for arm in a.arms for s in a.seeds) / 60
+    print(f"\n{report}\n{len(a.arms) * len(a.seeds)} runs: {total:.0f} minutes of training in all ({a.jobs} at "
+          f"a time), {(time.time() - t0) / 60:.0f} of them in this invocation")
     plot(a, out, Path(a.plot), untrained, floor)
 
 
