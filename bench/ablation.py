@@ -5,16 +5,16 @@ the same scratch model on the same batches for each of several seeds, scored on 
 mean ± standard deviation over the seeds beside the untrained model and the lexical floor (the mean of random word
 vectors, scored on the same pairs).
 
-    python bench/ablation.py                                   # CPU: tiny shape, 3 seeds, all arms, ~1.5 h on 2 cores
+    python bench/ablation.py                                   # CPU: tiny shape, 3 seeds, all arms, ~1.7 h on 2 cores
     python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
     python bench/ablation.py --model distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
         --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
 
 For each seed, one initial model (the seed's weights, one BPE tokenizer for all) is saved, or with --model the same
 pretrained encoder serves every seed, and every arm of that seed starts from it with that seed's batches (train.py
---seed), so that arms differ only in what they ablate. The tables go
-to OUT/ablation.md and, with matplotlib installed, STS-B dev against steps to bench/ablation.png. Finished runs are
-kept: running the script again continues where it stopped.
+--seed), so that arms differ only in what they ablate. The tables go to OUT/ablation.md and, with matplotlib
+installed, STS-B dev against steps to bench/ablation.png. Finished runs are kept (and their times, in
+OUT/seconds.json): running the script again continues where it stopped.
 """
 import argparse
 import json
@@ -108,10 +108,14 @@ def run_arms(a, out: Path, inits: dict[int, Path]):
             arm, s, t0, p = job
             if p.returncode:
                 sys.exit(f"{arm} seed {s} failed; see {out / f'{arm}-seed{s}.log'}")
-            seconds = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
-            seconds[f"{arm}-seed{s}"] = round(time.time() - t0)
-            (out / "seconds.json").write_text(json.dumps(seconds, indent=1))  # the total, over every invocation
+            took = {**run_seconds(out), f"{arm}-seed{s}": round(time.time() - t0)}
+            (out / "seconds.json").write_text(json.dumps(took, indent=1))  # the total, over every invocation
             print(f"{arm} seed {s}: STS-B dev {curve(out, arm, s)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
+
+
+def run_seconds(out: Path) -> dict[str, int]:
+    """How long each finished run took, over every invocation of the script."""
+    return json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
 
 
 def curve(out: Path, arm: str, seed: int) -> list[tuple[int, float]]:
@@ -151,7 +155,7 @@ def tables(a, out: Path, untrained: list[float], floor: list[float]) -> str:
              f"- lexical floor (mean of random word vectors): {cell(floor)}",
              f"- untrained model: {cell(untrained)} ({' / '.join(f'{x:.2f}' for x in untrained)})"]
     for title, arms in panels(a).items():
-        lines += ["", f"**{title}**", "", "| arm | STS-B dev | Δ untrained | Δ both | per seed |", 
+        lines += ["", f"**{title}**", "", "| arm | STS-B dev | Δ untrained | Δ both | per seed |",
                   "|---|---|---|---|---|"]
         for arm in arms:
             finals = [curve(out, arm, s)[-1][1] for s in a.seeds]
@@ -230,8 +234,7 @@ def main():
     run_arms(a, out, inits)
     report = tables(a, out, untrained, floor)
     (out / "ablation.md").write_text(report)
-    seconds = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
-    total = sum(seconds.get(f"{arm}-seed{s}", 0) for arm in a.arms for s in a.seeds) / 60
+    total = sum(run_seconds(out).get(f"{arm}-seed{s}", 0) for arm in a.arms for s in a.seeds) / 60
     print(f"\n{report}\n{len(a.arms) * len(a.seeds)} runs: {total:.0f} minutes of training in all ({a.jobs} at "
           f"a time), {(time.time() - t0) / 60:.0f} of them in this invocation")
     plot(a, out, Path(a.plot), untrained, floor)
