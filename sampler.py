@@ -253,8 +253,8 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool
     """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
     into a cached memmap."""
     files = list_files(paths)
-    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))  # the tokenizer, the cleaning,
-    # and each file's path, size and time
+    # The cache key: the tokenizer, the cleaning, and each file's path, size and time
+    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
