@@ -1,15 +1,21 @@
 """
-common.py: plumbing the scripts share. A reader does not need this file to understand DeCLUTR.
+common.py: plumbing the scripts share. A reader does not need this file to understand DeCLUTR, and it imports no
+other file of the project.
 
-One of each: the user-error type and the CLI wrapper that turns it into one line on stderr, the dataclass ->
-command-line flags parser with its range checks, the atomic write (and JSON and torch.save written with it), the
-cache folder, the offline switch and the JSON reader; and the training run's plumbing: processes under torchrun,
-checkpoints written, found and read back, the run folder, the demo's documents.
+One of each: the user-error type and the CLI wrapper that turns it into one line on stderr; the dataclass ->
+command-line flags parser with its range checks; progress lines for the long phases; the atomic write (and JSON
+and torch.save written with it), the cache folder, the offline switch; the reader of the user's documents (.txt,
+.jsonl, gzip) and the padding of token rows; and the training run's plumbing: processes under torchrun,
+checkpoints written and found again, the run folder, the demo's documents.
 """
 import argparse
+import codecs
+import collections
 import contextlib
 import functools
+import gzip
 import inspect
+import io
 import json
 import math
 import os
@@ -19,10 +25,11 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, field, fields
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -74,7 +81,9 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     """A config dataclass from the command line: one flag per field (or a positional list for the fields named in
     `positional`), the field's comment as its help, every default shown by --help. Ranges and choices are checked
     here, then the class's own validate(), so that a bad value stops the run before any work."""
-    notes = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
+    notes = {}  # each field's comment, a subclass's over its base's (TrainConfig extends SamplerConfig)
+    for klass in reversed([k for k in cls.__mro__ if k is not object]):
+        notes.update(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(klass), re.M))
     ap, lists = OneLineParser(description=doc, allow_abbrev=False), set()
     for f in fields(cls):
         if f.name in positional:
@@ -313,6 +322,98 @@ def read_json(path: Path, default=None):
 
 
 # -----------------------------------------------------------------------------------------------
+# The user's documents: .txt (a document per file) and .jsonl (a document per line, field "text"), maybe gzipped
+
+
+def _count_replaced(err):
+    _count_replaced.n += err.end - err.start
+    return "\ufffd", err.end
+
+
+_count_replaced.n = 0
+codecs.register_error("declutr_count", _count_replaced)
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+
+
+def list_files(paths) -> list[Path]:
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or directory")
+    if not files:
+        raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
+    return files
+
+
+def clean_text(text: str) -> str:
+    """The original DeCLUTR's cleaning: every run of whitespace (spaces, tabs, newlines) becomes one space. Without it
+    a byte-level BPE spends about a tenth of its tokens on whitespace, which would count toward span lengths and be
+    MLM targets."""
+    return " ".join(text.split())
+
+
+def json_text(line: str):
+    """The string field "text" of one JSONL line, or None when the line is not an object that has one."""
+    try:
+        text = json.loads(line).get("text")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return text if isinstance(text, str) else None
+
+
+def read_documents(files, stats, clean: bool = True):
+    """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty, binary,
+    malformed) and what was repaired (undecodable bytes)."""
+    for f in files:
+        before = _count_replaced.n
+        try:
+            with gzip.open(f) if f.name.endswith(".gz") else open(f, "rb") as raw:
+                if b"\x00" in raw.peek(8192)[:8192]:  # binary, as git and grep decide it
+                    stats["binary"] += 1
+                    continue
+                # newline=None turns CRLF and CR into LF; the error handler replaces and counts bad bytes
+                lines = io.TextIOWrapper(raw, encoding="utf-8", errors="declutr_count", newline=None)
+                texts = (json_text(line) for line in lines if line.strip()) if ".jsonl" in f.name else [lines.read()]
+                for text in texts:  # a .jsonl file is streamed line by line: it may be larger than memory
+                    if text is None:
+                        stats["malformed"] += 1
+                    elif not text.strip():
+                        stats["empty"] += 1
+                    else:
+                        yield clean_text(text) if clean else text.replace("\r\n", "\n").replace("\r", "\n")
+        except (OSError, EOFError) as e:
+            raise UserError(f"{f}: cannot read ({e})") from None
+        if _count_replaced.n > before:
+            stats["files_repaired"] += 1
+            stats["bytes_replaced"] += _count_replaced.n - before
+
+
+def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
+    """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
+    scratch learns from (64M characters are plenty for its vocabulary), cleaned as the corpus is."""
+    stats = collections.Counter()
+    for text in read_documents(list_files(paths), stats, clean):
+        yield text[:max_chars]
+        max_chars -= len(text)
+        if max_chars <= 0:
+            return
+
+
+def pad_rows(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows of any lengths -> (B, T) int64 ids padded on the right to the longest, and their 0/1 mask."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    ids = np.full((len(rows), int(lengths.max(initial=0))), pad_id, dtype=np.int64)
+    mask = (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int64)
+    if len(rows):
+        ids[mask.astype(bool)] = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
+    return ids, mask
+
+
+# -----------------------------------------------------------------------------------------------
 # The training run: processes under torchrun, checkpoints, the run folder, the demo's documents (train.py)
 # out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
 
@@ -340,16 +441,16 @@ def say(rank, *a, **k):
         print(*a, **k, flush=True)
 
 
-def prepare_run_folder(out: Path, resume_from):
+def prepare_run_folder(out: Path, resume_step: int | None):
     """Clear an earlier run (--overwrite), or cut metrics.jsonl back to the checkpoint a resumed run continues."""
     make_dirs(out)
-    if not resume_from:
+    if resume_step is None:
         for p in (out / "checkpoints", out / "model", out / "best"):
             shutil.rmtree(p, ignore_errors=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     elif (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they run again
         kept = "".join(line + "\n" for line in (out / "metrics.jsonl").read_text().splitlines()
-                       if _step_of(line) <= resume_from.step)
+                       if _step_of(line) <= resume_step)
         write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
     remove_stale_temporaries(out / "checkpoints")
 
@@ -381,42 +482,28 @@ def newest_mtime(out: Path) -> float:
     return max((p.stat().st_mtime for p in checkpoints(out)), default=-1.0)
 
 
-def save_checkpoint(out: Path, model, tok, opt, step: int, cfg, extra: dict):
-    """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout plus train_state.pt (optimizer, step, config)."""
-    import model as M  # model.py imports this file
-
+def write_checkpoint(out: Path, step: int, write_model, state: dict, keep: int) -> Path:
+    """out/checkpoints/step-NNNNNNNN: write_model(folder) writes the model's files, train_state.pt holds `state`
+    (optimizer, step, config). The folder appears whole or not at all; the newest `keep` checkpoints are kept."""
     final = out / "checkpoints" / f"step-{step:08d}"
 
     def write(folder: Path):
-        M.save_pretrained(model, tok, folder)
-        state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
+        write_model(folder)
         torch_save(state, folder / "train_state.pt")
 
     make_dirs(final.parent)
-    write_atomic(final, write)  # a checkpoint exists whole or not at all
-    for old in checkpoints(out)[:-cfg.keep_ckpts]:
+    write_atomic(final, write)
+    for old in checkpoints(out)[:-keep]:
         shutil.rmtree(old)
     return final
 
 
-@dataclass
-class Checkpoint:
-    path: Path
-    state: dict  # train_state.pt: optimizer, step, config, best
-    model: tuple  # (encoder, tokenizer)
-
-    @property
-    def step(self) -> int:
-        return self.state["step"]
-
-
-def newest_checkpoint(out: Path, rank: int = 0) -> "Checkpoint | None":
-    """The newest checkpoint that reads back whole; one that does not is named, and the one before it used."""
-    import model as M
-
+def newest_checkpoint(out: Path, load_model, rank: int = 0):
+    """(path, train state, load_model(path)) of the newest checkpoint that reads back whole, or None; one that does
+    not is named, and the one before it used."""
     for path in reversed(checkpoints(out)):
         try:
-            return Checkpoint(path, read_train_state(path), M.load_pretrained(str(path), verbose=False))
+            return path, read_train_state(path), load_model(path)
         except UserError as e:
             say(rank, f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
     return None
@@ -429,16 +516,6 @@ def read_train_state(path: Path) -> dict:
         raise UserError(f"{path / 'train_state.pt'}: not readable ({str(e).splitlines()[0][:200]})") from None
     if not isinstance(state, dict) or not {"optimizer", "step", "config"} <= set(state):
         raise UserError(f"{path / 'train_state.pt'}: not a train state of this project")
-    return state
-
-
-def load_checkpoint(path: Path, model, opt, state: dict | None = None):
-    import model as M
-
-    state = state or read_train_state(path)
-    loaded, _ = M.load_pretrained(str(path), verbose=False)
-    model.load_state_dict(loaded.state_dict())
-    opt.load_state_dict(state["optimizer"])
     return state
 
 

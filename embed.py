@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import hub as H
-import model as M
-from common import Progress, UserError, bounded, choice, cli, parse_config, write_atomic
+from common import Progress, UserError, bounded, choice, cli, json_text, pad_rows, parse_config, write_atomic
+from hub import special_ids
+from model import load_pretrained
 
 
 @dataclass
@@ -73,7 +73,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     each batch, how many texts it finished (a text is finished once all its windows are) and how many windows ran."""
     device = next(model.parameters()).device
     batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
-    sp, max_tokens = H.special_ids(tok), model.config.max_tokens
+    special, max_tokens = special_ids(tok), model.config.max_tokens
     encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
     pieces, owner = [], []
     for i, e in enumerate(encodings):
@@ -88,9 +88,9 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
     while i < len(order):
         T = len(pieces[order[i]])
         j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-        ids, mask = H.pad_rows([pieces[k] for k in order[i:j]], sp["pad"])
+        ids, mask = pad_rows([pieces[k] for k in order[i:j]], special["pad"])
         with autocast:
-            emb = model.embed(ids.to(device), mask.to(device))
+            emb = model.embed(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
         out[order[i:j]] = emb.float().cpu().numpy()
         if progress:
             texts = owner[order[i:j]]
@@ -124,11 +124,7 @@ def read_texts(path: Path, stdin_copy: Path | None = None):
                 if not name.endswith(".jsonl"):
                     yield line
                 elif line.strip():
-                    try:
-                        text = json.loads(line)["text"]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        text = None
-                    if not isinstance(text, str):
+                    if (text := json_text(line)) is None:
                         raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
                     yield text
     except OSError as e:
@@ -194,7 +190,7 @@ def main(argv=None):
         raise UserError("no --model given: a hub id or a local Hugging Face directory")
     check_paths(cfg, out)
     device, dtype = device_and_dtype(cfg)
-    model, tok = M.load_pretrained(cfg.model, verbose=False)
+    model, tok = load_pretrained(cfg.model, verbose=False)
     model.to(device)
     with tempfile.TemporaryDirectory() as tmpdir:
         stdin_copy = None

@@ -26,8 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import embed as E
-import model as M
 from common import (
     Progress,
     UserError,
@@ -41,6 +39,8 @@ from common import (
     write_atomic,
     write_json,
 )
+from embed import encode
+from model import load_pretrained
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
@@ -96,7 +96,7 @@ def cosines(model, tok, a, b, batch_tokens=0, progress=None) -> np.ndarray:
         done[0] += texts
         progress(f"{done[0]:,}/{len(uniq):,} sentences")
 
-    emb = E.encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, progress=report if progress else None)
+    emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, progress=report if progress else None)
     where = {s: i for i, s in enumerate(uniq)}
     return (emb[[where[s] for s in a]] * emb[[where[s] for s in b]]).sum(1)
 
@@ -319,7 +319,7 @@ def main(argv=None):
     results = {}
     for name in cfg.model:
         progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
-        model, tok = M.load_pretrained(name, verbose=False)
+        model, tok = load_pretrained(name, verbose=False)
         results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress)
         progress.done(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
     print(table(results))

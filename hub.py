@@ -1,7 +1,7 @@
 """
 hub.py: Hugging Face files: the hub client, tokenizer formats, safetensors shards, pytorch_model.bin conversion.
-A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints, and
-`python model.py info | convert | scratch` runs its command line (main, at the end).
+A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints. It imports
+no other file of the project but common.py.
 
 - The hub: plain HTTPS into $HF_HOME/hub in huggingface_hub's folder layout (refs/REV -> snapshots/COMMIT), so a
   cache it filled is reused; HF_ENDPOINT and HF_HUB_OFFLINE are honoured; every file is checked (size, and sha256
@@ -9,7 +9,6 @@ A reader does not need this file to understand DeCLUTR; model.py uses it to read
 - Tokenizers: tokenizer.json, vocab.json + merges.txt (RoBERTa), or vocab.txt (BERT), always without padding or
   truncation; a byte-level BPE trained on the user's documents for models trained from scratch.
 """
-import argparse
 import hashlib
 import http.client
 import os
@@ -25,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import OneLineParser, Progress, UserError, cli, make_dirs, offline, read_json, write_atomic
+from common import Progress, UserError, make_dirs, offline, pad_rows, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -119,22 +118,12 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return out
 
 
-def pad_rows(rows: list[list[int]], pad_id: int):
-    """Token id lists -> (B, T) ids and 0/1 mask, padded on the right to the longest."""
-    T = max(map(len, rows), default=0)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
-    return ids, mask
-
-
 def batch_encode(tok: Tokenizer, texts: list[str], max_tokens: int, pad_id: int):
     """Texts -> (B, T) ids and mask, padded to the longest; over-long texts keep their final special token."""
     rows = [e.ids if len(e.ids) <= max_tokens else e.ids[:max_tokens - 1] + e.ids[-1:]
             for e in tok.encode_batch(texts)]
-    return pad_rows(rows, pad_id)
+    ids, mask = pad_rows(rows, pad_id)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def tokenizer_files(tok: Tokenizer, max_tokens: int) -> dict:
@@ -383,47 +372,3 @@ def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:
             why = "HF_HUB_OFFLINE is set and it is not in the cache" if offline() else f"the hub has none of {group}"
             raise UserError(f"{repo}: {why}; {r.instead}")
     return r.snap
-
-
-# -----------------------------------------------------------------------------------------------
-# python model.py info | convert | scratch
-
-
-@cli
-def main(argv=None):
-    import model as M  # this command line serves model.py, which imports this file
-
-    ap = OneLineParser(prog="model.py", description=M.__doc__.split("\n\n")[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
-    cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
-    cv.add_argument("model", help="local directory, or hub id whose repo ships only pytorch_model.bin")
-    cv.add_argument("--out", help="output directory (default: the model's own directory)")
-    sc = sub.add_parser("scratch", help="random init of a named shape, BPE tokenizer trained on --corpus",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sc.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="named random-init shape")
-    sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
-    sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
-    sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
-    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
-    a = ap.parse_args(argv)
-    if a.cmd == "info":
-        model, _ = M.load_pretrained(a.model)
-        c, n = model.config, sum(p.numel() for p in model.parameters())
-        print(f"{a.model}: {c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-              f"{c.num_attention_heads} heads, vocab {c.vocab_size}, up to {c.max_tokens} tokens, "
-              f"{n / 1e6:.1f}M parameters")
-    elif a.cmd == "convert":
-        out = convert_bin(a.model, a.out)
-        M.load_pretrained(str(out))  # proves the result loads
-        print(f"wrote {out / 'model.safetensors'}")
-    else:
-        from sampler import document_texts  # the corpus reader of training, here only for the tokenizer
-
-        out = Path(a.out)
-        if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not a.overwrite:
-            raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
-        model, tok = M.from_scratch(a.shape, document_texts(a.corpus), a.seed, quiet=False)
-        M.save_pretrained(model, tok, a.out)
-        print(f"wrote {a.out}: {a.shape}, vocab {model.config.vocab_size}")

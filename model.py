@@ -12,6 +12,7 @@ safetensors through an explicit name map, so transformers and sentence-transform
     python model.py convert johngiorgi/declutr-small --out declutr-small   # pytorch_model.bin -> model.safetensors
     python model.py scratch --shape tiny --corpus docs/ --out tiny-model    # random init + BPE trained on docs/
 """
+import argparse
 import functools
 import sys
 from dataclasses import asdict, dataclass, fields
@@ -21,8 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import hub as H
-from common import UserError, write_atomic, write_json
+import hub
+from common import OneLineParser, UserError, cli, document_texts, write_atomic, write_json
 
 
 @dataclass
@@ -261,22 +262,22 @@ def hf_state_dict(model: Encoder) -> dict[str, torch.Tensor]:
 
 def load_config_and_tokenizer(name: str):
     """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
-    path = H.resolve(name, weights=False) / "config.json"
-    c = ModelConfig(**H.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
+    path = hub.resolve(name, weights=False) / "config.json"
+    c = ModelConfig(**hub.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
     if c.hidden_act not in ACTIVATIONS:
         raise UserError(f"{path}: hidden_act {c.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
     if c.hidden_size % c.num_attention_heads:
         raise UserError(f"{path}: hidden_size {c.hidden_size} is not a multiple of {c.num_attention_heads} heads")
-    return c, H.load_tokenizer(path.parent)
+    return c, hub.load_tokenizer(path.parent)
 
 
 def load_pretrained(name: str, verbose: bool = True):
     """A local Hugging Face directory or a hub id -> (encoder in eval mode, tokenizer)."""
-    d = H.resolve(name)
+    d = hub.resolve(name)
     config, tok = load_config_and_tokenizer(str(d))
     model = Encoder(config)
     model.init_weights(torch.Generator().manual_seed(0))  # only a missing MLM head keeps these
-    for note in load_state(model, H.read_safetensors(d, config.model_type), str(d)):
+    for note in load_state(model, hub.read_safetensors(d, config.model_type), str(d)):
         if verbose:
             print(note, file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
@@ -288,10 +289,10 @@ def save_pretrained(model: Encoder, tok, out: str | Path):
     """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1)."""
     out, c = Path(out), model.config
     out.mkdir(parents=True, exist_ok=True)
-    H.write_safetensors(out / "model.safetensors", hf_state_dict(model))
+    hub.write_safetensors(out / "model.safetensors", hf_state_dict(model))
     write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
-    files = {"config.json": H.hf_config(asdict(c)), "tokenizer_config.json": H.tokenizer_files(tok, c.max_tokens),
-             **H.sentence_transformers_files(c.hidden_size, c.max_tokens)}
+    files = {"config.json": hub.hf_config(asdict(c)), "tokenizer_config.json": hub.tokenizer_files(tok, c.max_tokens),
+             **hub.sentence_transformers_files(c.hidden_size, c.max_tokens)}
     for name, obj in files.items():
         (out / name).parent.mkdir(exist_ok=True)
         write_json(out / name, obj)
@@ -306,23 +307,66 @@ SHAPES = {name: dict(zip(SHAPE_FIELDS, values, strict=True)) for name, values in
     "roberta-base": (768, 12, 12, 3072, 50265)}.items()}
 
 
+def scratch_shape(name: str, flag: str = "") -> dict:
+    """The named shape's sizes (SHAPES), or one line naming the shapes there are."""
+    if name not in SHAPES:
+        raise UserError(f"{flag}{name}: unknown shape (one of {', '.join(SHAPES)})", code=2)
+    return SHAPES[name]
+
+
 def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_embeddings: int = 514) -> Encoder:
     """A random-init RoBERTa of a named shape (SHAPES) for a tokenizer of `vocab_size` tokens."""
-    if shape not in SHAPES:
-        raise UserError(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
-    s = {k: v for k, v in SHAPES[shape].items() if k != "vocab_size"}
-    model = Encoder(ModelConfig(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, **s))
+    sizes = {k: v for k, v in scratch_shape(shape).items() if k != "vocab_size"}
+    model = Encoder(ModelConfig(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, **sizes))
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 
 
 def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet: bool = True):
     """(random-init encoder, byte-level BPE trained on `texts`, an iterable of str)."""
-    if shape not in SHAPES:
-        raise UserError(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
-    tok = H.train_tokenizer(texts, SHAPES[shape]["vocab_size"], quiet)
+    tok = hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
 
+# -----------------------------------------------------------------------------------------------
+# python model.py info | convert | scratch
+
+
+@cli
+def main(argv=None):
+    ap = OneLineParser(prog="model.py", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
+    cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
+    cv.add_argument("model", help="local directory, or hub id whose repo ships only pytorch_model.bin")
+    cv.add_argument("--out", help="output directory (default: the model's own directory)")
+    sc = sub.add_parser("scratch", help="random init of a named shape, BPE tokenizer trained on --corpus",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sc.add_argument("--shape", default="tiny", choices=list(SHAPES), help="named random-init shape")
+    sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
+    sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
+    sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
+    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    args = ap.parse_args(argv)
+    if args.cmd == "info":
+        model, _ = load_pretrained(args.model)
+        c, n = model.config, sum(p.numel() for p in model.parameters())
+        print(f"{args.model}: {c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+              f"{c.num_attention_heads} heads, vocab {c.vocab_size}, up to {c.max_tokens} tokens, "
+              f"{n / 1e6:.1f}M parameters")
+    elif args.cmd == "convert":
+        out = hub.convert_bin(args.model, args.out)
+        load_pretrained(str(out))  # proves the result loads
+        print(f"wrote {out / 'model.safetensors'}")
+    else:
+        out = Path(args.out)
+        if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not args.overwrite:
+            raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
+        model, tok = from_scratch(args.shape, document_texts(args.corpus), args.seed, quiet=False)
+        save_pretrained(model, tok, out)
+        print(f"wrote {out}: {args.shape}, vocab {model.config.vocab_size}")
+
+
 if __name__ == "__main__":
-    H.main()  # python model.py info | convert | scratch: the command line is machinery, in hub.py
+    main()

@@ -18,11 +18,7 @@ pure function of (seed, epoch, rank, step).
     python sampler.py --help                                                          # every flag and default
 """
 import array
-import codecs
-import collections
-import gzip
 import hashlib
-import io
 import json
 import sys
 import time
@@ -32,8 +28,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import hub as H
-import model as M
 from common import (
     Progress,
     UserError,
@@ -41,32 +35,36 @@ from common import (
     cache_dir,
     choice,
     cli,
+    list_files,
     make_dirs,
+    pad_rows,
     parse_config,
+    read_documents,
     remove_stale_temporaries,
     write_atomic,
 )
+from hub import special_ids
+from model import load_config_and_tokenizer
 
 VIEWS = ("all", "overlap", "adjacent", "subsumed")  # where a positive may lie relative to its anchor (Fig. 2)
 
 
 @dataclass
-class SamplerConfig:
-    model: str = "distilroberta-base"  # whose tokenizer defines "length" (local dir or hub id)
+class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends these
+    model: str = ""  # hub id, local folder or (train.py) scratch:SHAPE; empty: distilroberta-base (or the demo)
     data: list = field(default_factory=list)  # .txt / .jsonl files (optionally .gz) and directories of them
+    docs_per_step: int = bounded(16, 1)  # N, over all ranks together
     num_anchors: int = bounded(2, 1)  # A
     num_positives: int = bounded(2, 1)  # P
     min_span: int = bounded(32, 1)  # l_min, in model tokens, special tokens excluded
     max_span: int = bounded(512, 1)  # l_max; lowered to fit the model's positions once <s> and </s> are added
-    docs_per_step: int = bounded(16, 1)  # N, per rank
-    mlm_probability: float = bounded(0.15, 0, 1, strict=True)
-    seed: int = 0
-    scale_short_docs: bool = False  # sample short documents with l_max scaled down instead of skipping them
+    scale_short_docs: bool = False  # sample documents shorter than 2*A*l_max with a smaller l_max, not skip them
     positive_view: str = choice(*VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
     keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
-    cache_dir: str = ""  # default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
-    workers: int = bounded(2, 0)  # DataLoader worker processes
-    show: int = bounded(1, 0)  # (CLI) print the spans of this many documents of step 0
+    mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
+    seed: int = 0
+    cache_dir: str = ""  # tokenised corpus cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
+    workers: int = bounded(2, 0)  # DataLoader worker processes per rank
 
     def validate(self):
         if self.min_span > self.max_span:
@@ -146,83 +144,6 @@ def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
 
 # -----------------------------------------------------------------------------------------------
 # The corpus: read every document once, tokenise, keep the ids on disk.
-
-
-def _count_replaced(err):
-    _count_replaced.n += err.end - err.start
-    return "\ufffd", err.end
-
-
-_count_replaced.n = 0
-codecs.register_error("declutr_count", _count_replaced)
-SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
-
-
-def list_files(paths) -> list[Path]:
-    files = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UserError(f"{p}: no such file or directory")
-    if not files:
-        raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
-    return files
-
-
-def _open(f: Path):
-    return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
-
-
-def clean_text(text: str) -> str:
-    """The original's cleaning: every run of whitespace (spaces, tabs, newlines) becomes one space. Without it a
-    byte-level BPE spends about a tenth of its tokens on whitespace, which would count toward span lengths and be
-    MLM targets."""
-    return " ".join(text.split())
-
-
-def read_documents(files, stats, clean: bool = True):
-    """Yield each document's text (cleaned unless clean=False); count what is skipped (empty, binary, malformed)
-    and what was repaired."""
-    for f in files:
-        before = _count_replaced.n
-        try:
-            with _open(f) as raw:
-                if b"\x00" in raw.peek(8192)[:8192]:  # binary, as git and grep decide it
-                    stats["binary"] += 1
-                    continue
-                # newline=None turns CRLF and CR into LF; the error handler replaces and counts bad bytes
-                lines = io.TextIOWrapper(raw, encoding="utf-8", errors="declutr_count", newline=None)
-                if ".jsonl" in f.name:  # streamed line by line: one file may be larger than memory
-                    for line in lines:
-                        if line.strip():
-                            yield from _json_document(line, stats, clean)
-                else:
-                    text = lines.read()
-                    if text.strip():
-                        yield clean_text(text) if clean else text
-                    else:
-                        stats["empty"] += 1
-        except (OSError, EOFError) as e:
-            raise UserError(f"{f}: cannot read ({e})") from None
-        if _count_replaced.n > before:
-            stats["files_repaired"] += 1
-            stats["bytes_replaced"] += _count_replaced.n - before
-
-
-def _json_document(line, stats, clean: bool):
-    try:
-        doc = json.loads(line).get("text")
-    except (json.JSONDecodeError, AttributeError):
-        doc = None
-    if not isinstance(doc, str):
-        stats["malformed"] += 1
-    elif not doc.strip():
-        stats["empty"] += 1
-    else:
-        yield clean_text(doc) if clean else doc.replace("\r\n", "\n").replace("\r", "\n")
 
 
 class Corpus:
@@ -312,17 +233,6 @@ def _batches(texts, max_chars: int):
         yield batch
 
 
-def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
-    """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
-    scratch learns from (64M characters are plenty for its vocabulary), cleaned as the corpus is."""
-    stats = collections.Counter()
-    for text in read_documents(list_files(paths), stats, clean):
-        yield text[:max_chars]
-        max_chars -= len(text)
-        if max_chars <= 0:
-            return
-
-
 # -----------------------------------------------------------------------------------------------
 # Batches: step -> anchors, positives, MLM, as a map-style dataset the DataLoader's workers index by step.
 
@@ -330,8 +240,9 @@ def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
 class SpanBatches(torch.utils.data.Dataset):
     def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1, quiet=False):
         self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
-        self.sp = H.special_ids(tok)
-        self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.sp.values()))
+        self.per_rank = cfg.docs_per_step // world_size  # this rank's share of the N documents of a step
+        self.special = special_ids(tok)
+        self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.special.values()))
         self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
         # The paper's l_max of 512 already means the span inside <s> ... </s>: only a --max-span the user chose is
         # worth a warning when it has to be lowered
@@ -345,10 +256,10 @@ class SpanBatches(torch.utils.data.Dataset):
         if len(self.docs) == 0:
             raise UserError(f"no document has the {floor:,} tokens that {A} anchors need (2·A·l_max); the longest "
                             f"has {int(lengths.max(initial=0)):,}. Lower --max-span or pass --scale-short-docs")
-        self.steps_per_epoch = len(self.docs) // world_size // cfg.docs_per_step
-        if self.steps_per_epoch == 0:
+        self.steps_per_epoch = len(self.docs) // world_size // max(1, self.per_rank)
+        if self.per_rank == 0 or self.steps_per_epoch == 0:
             raise UserError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
-                            f"documents on each of {world_size} ranks")
+                            f"documents over {world_size} ranks")
         if not quiet:
             short = int((lengths < floor).sum())
             print(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
@@ -363,11 +274,11 @@ class SpanBatches(torch.utils.data.Dataset):
         return self._shard[1]
 
     def __getitem__(self, step: int) -> dict:
-        cfg, sp = self.cfg, self.sp
+        cfg, special = self.cfg, self.special
         epoch, i = divmod(int(step), self.steps_per_epoch)
         rng = np.random.default_rng([cfg.seed, epoch, self.rank, i])  # resumable: no state carried between steps
         anchors, positives, a_doc, p_doc = [], [], [], []
-        for d in self.shard(epoch)[i * cfg.docs_per_step:(i + 1) * cfg.docs_per_step]:
+        for d in self.shard(epoch)[i * self.per_rank:(i + 1) * self.per_rank]:
             start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
             max_len = min(self.max_span, n // (2 * cfg.num_anchors))  # only short docs, when allowed, scale down
             toks = self.corpus.tokens
@@ -377,28 +288,18 @@ class SpanBatches(torch.utils.data.Dataset):
                 positives += [toks[start + p0:start + p1] for p0, p1 in pos]
                 a_doc.append(d)
                 p_doc += [d] * len(pos)
-        a_ids, a_len = self._pad(anchors)
-        p_ids, p_len = self._pad(positives)
-        special = np.isin(a_ids, list(sp.values()))
-        mlm_inputs, mlm_labels = mask_tokens(a_ids, ~special, rng, sp["mask"], self.random_ids, cfg.mlm_probability)
+        # <s> span </s>, padded to the longest of the batch (the model computes only the real tokens)
+        a_ids, a_mask = pad_rows([[special["cls"], *s, special["sep"]] for s in anchors], special["pad"])
+        p_ids, p_mask = pad_rows([[special["cls"], *s, special["sep"]] for s in positives], special["pad"])
+        # §3.3: MLM on the anchors' own tokens, never on <s>, </s> or padding
+        eligible = ~np.isin(a_ids, list(special.values()))
+        mlm_inputs, mlm_labels = mask_tokens(a_ids, eligible, rng, special["mask"], self.random_ids,
+                                             cfg.mlm_probability)
         t = torch.from_numpy
-        return dict(anchors=t(a_ids), anchor_mask=t(self._mask(a_len, a_ids)),
-                    anchor_lengths=t(a_len), positives=t(p_ids), positive_mask=t(self._mask(p_len, p_ids)),
-                    positive_lengths=t(p_len), mlm_inputs=t(mlm_inputs), mlm_labels=t(mlm_labels),
-                    anchor_doc=t(np.asarray(a_doc, dtype=np.int64)), positive_doc=t(np.asarray(p_doc, dtype=np.int64)),
-                    step=int(step))
-
-    def _pad(self, spans):
-        """<s> span </s>, padded to the longest in the batch (the model computes only the real tokens)."""
-        lengths = np.array([len(s) + 2 for s in spans], dtype=np.int64)
-        ids = np.full((len(spans), lengths.max()), self.sp["pad"], dtype=np.int64)
-        for row, s in zip(ids, spans, strict=True):
-            row[0], row[1:len(s) + 1], row[len(s) + 1] = self.sp["cls"], s, self.sp["sep"]
-        return ids, lengths
-
-    @staticmethod
-    def _mask(lengths, ids):
-        return (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int64)
+        return dict(anchors=t(a_ids), anchor_mask=t(a_mask), anchor_lengths=t(a_mask.sum(1)), positives=t(p_ids),
+                    positive_mask=t(p_mask), positive_lengths=t(p_mask.sum(1)), mlm_inputs=t(mlm_inputs),
+                    mlm_labels=t(mlm_labels), anchor_doc=t(np.asarray(a_doc, dtype=np.int64)),
+                    positive_doc=t(np.asarray(p_doc, dtype=np.int64)), step=int(step))
 
 
 def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
@@ -408,12 +309,17 @@ def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: 
                                        pin_memory=torch.cuda.is_available(), prefetch_factor=4 if workers else None)
 
 
+@dataclass
+class SamplerCommand(SamplerConfig):  # python sampler.py: the settings above, and what to show
+    show: int = bounded(1, 0)  # print the spans of this many documents of step 0
+
+
 @cli
 def main(argv=None):
-    cfg = parse_config(SamplerConfig, argv, __doc__.split("\n\n")[0])
+    cfg = parse_config(SamplerCommand, argv, __doc__.split("\n\n")[0])
     if not cfg.data:
         raise UserError("no --data given: pass .txt/.jsonl files or directories")
-    config, tok = M.load_config_and_tokenizer(cfg.model)
+    config, tok = load_config_and_tokenizer(cfg.model or "distilroberta-base")
     corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=not cfg.keep_whitespace)
     batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
     b, A, P = batches[0], cfg.num_anchors, cfg.num_positives

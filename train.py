@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,34 +30,24 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import common as C
+import common
 import evaluate_sts
-import hub as H
-import loss as L
-import model as M
-import sampler as S
+import sampler
 from common import UserError, bounded, choice
+from hub import train_tokenizer
+from loss import nt_xent
+from model import load_pretrained, mean_pool, save_pretrained, scratch_encoder, scratch_shape
 
 
 @dataclass
-class TrainConfig:
-    model: str = ""  # hub id, local directory, or scratch:SHAPE (tiny, small, ...); empty: distilroberta-base
-    data: list = field(default_factory=list)  # .txt / .jsonl (optionally .gz) files and directories; none: the demo
+class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data, N, A, P, spans, ...), then these
     out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
     resume: bool = False  # continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured
     overwrite: bool = False  # start afresh in an out that holds an earlier run
-    docs_per_step: int = bounded(16, 1)  # N, over all ranks together
-    num_anchors: int = bounded(2, 1)  # A
-    num_positives: int = bounded(2, 1)  # P
-    min_span: int = bounded(32, 1)  # l_min, tokens
-    max_span: int = bounded(512, 1)  # l_max, tokens (lowered to fit the model's positions)
-    scale_short_docs: bool = False  # sample documents shorter than 2*A*l_max with a smaller l_max
-    positive_view: str = choice(*S.VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
-    keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
     temperature: float = bounded(0.05, 0, strict=True)  # tau of NT-Xent
-    mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
     mlm: bool = True  # --no-mlm: contrastive only (the paper's Fig. 3 ablation)
     contrastive: bool = True  # --no-contrastive: MLM only
     lr: float = bounded(5e-5, 0, strict=True)
@@ -67,7 +57,6 @@ class TrainConfig:
     max_grad_norm: float = bounded(1.0, 0, strict=True)
     steps: int = bounded(0, 0)  # optimiser steps; 0: --epochs passes over the documents
     epochs: int = bounded(1, 1)
-    seed: int = 0
     chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
     grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
     dtype: str = choice("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on CPU
@@ -77,13 +66,10 @@ class TrainConfig:
     eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
     ckpt_every: int = bounded(500, 1)
     keep_ckpts: int = bounded(2, 1)  # the newest checkpoints kept
-    workers: int = bounded(2, 0)  # DataLoader workers per rank
     threads: int = bounded(0, 0)  # torch CPU threads per rank; 0: this rank's share of the cores, less one
-    cache_dir: str = ""  # tokenised corpus cache (default ~/.cache/declutr)
 
     def validate(self):
-        if self.min_span > self.max_span:
-            raise UserError(f"--min-span {self.min_span}: must be at most --max-span {self.max_span}", code=2)
+        super().validate()
         if not (self.mlm or self.contrastive):
             raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
         if self.contrastive and self.docs_per_step * self.num_anchors < 2:
@@ -91,9 +77,8 @@ class TrainConfig:
                             f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
-        shape = self.model.removeprefix("scratch:")
-        if self.model.startswith("scratch:") and shape not in M.SHAPES:
-            raise UserError(f"--model {self.model}: unknown shape (one of {', '.join(M.SHAPES)})", code=2)
+        if self.model.startswith("scratch:"):
+            scratch_shape(self.model.removeprefix("scratch:"), "--model scratch:")
 
 
 # Flags that --resume takes from the command line: they extend the run or change what is logged, evaluated and
@@ -104,116 +89,25 @@ RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval
 
 # -----------------------------------------------------------------------------------------------
 # One step (§3): embed every span, NT-Xent between anchors and their positives, MLM on the anchors.
-
-
-def train_step(model, batch, cfg: TrainConfig, world: int = 1) -> dict:
-    """Forward and backward of this rank's documents; leaves the step's gradient in .grad (under torchrun,
-    `model` is the DDP-wrapped Chunks of the encoder that setup() builds, and DDP averages the gradients)."""
-    net, encoder = chunks_of(model)
-    spans = Spans(batch, cfg, encoder, world)
-    # Spans of similar length run together, in chunks within a token budget (length_groups, below)
-    groups = length_groups(spans.lengths, cfg.chunk_tokens)
-    if cfg.grad_cache:
-        return grad_cache_step(net, encoder, spans, groups, cfg)
-    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
-    emb, mlm = net(spans, groups, cfg)
-    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
-    emb = emb[spans.unsort(groups)]
-    # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
-    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
-    # §3.3: one objective, contrastive + MLM, one backward
-    (contrastive + mlm).backward()
-    return spans.stats(contrastive, mlm, cfg)
-
-
-def grad_cache_step(net, encoder, spans, groups, cfg: TrainConfig) -> dict:
-    """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
-    # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
-    states, embs = [], []
-    with torch.no_grad():
-        for group in groups:
-            states.append(rng_state(spans.device))
-            embs.append(encode(encoder, spans, group, cfg, with_mlm=False)[0])
-    # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
-    emb = torch.cat(embs)[spans.unsort(groups)].requires_grad_()
-    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
-    grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
-    grad = grad[torch.as_tensor(np.concatenate(groups), device=spans.device)]
-    starts = np.cumsum([0] + [len(g) for g in groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
-    # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
-    # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
-    # only, where every parameter must take part: a chunk with anchors (and so the MLM head) goes last.
-    order = sorted(range(len(groups)), key=lambda k: bool((groups[k] < spans.n_anchors).any()))
-    mlm = 0.0
-    for i, k in enumerate(order):
-        set_rng_state(states[k], spans.device)
-        with accumulate_locally(net, i < len(order) - 1):
-            e, m = net(spans, [groups[k]], cfg)
-            ((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
-        mlm = mlm + m.detach()
-    return spans.stats(contrastive, mlm, cfg)
-
-
-class Chunks(nn.Module):
-    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
-    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
-
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, spans, groups, cfg: TrainConfig, with_mlm: bool = True):
-        outs = [encode(self.encoder, spans, group, cfg, with_mlm) for group in groups]
-        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
-
-
-def chunks_of(model):
-    """(what runs the chunks, the bare encoder) for an encoder or for setup()'s DDP(Chunks(encoder))."""
-    if isinstance(model, DDP):
-        return model, model.module.encoder
-    return Chunks(model), model
-
-
-def accumulate_locally(net, local: bool):
-    """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces them all."""
-    return net.no_sync() if local and isinstance(net, DDP) else contextlib.nullcontext()
-
-
-def encode(model, spans, group: np.ndarray, cfg: TrainConfig, with_mlm: bool = True):
-    """One chunk of spans -> their embeddings (g, d) and this rank's share of the MLM loss of the anchors among them."""
-    x, mask = spans.padded(group)  # (g, T)
-    with spans.autocast:
-        h = model(x, mask)  # (g, T, H)
-        emb = M.mean_pool(h, mask)  # (g, H)
-        mlm = h.new_zeros(())
-        is_anchor = group < spans.n_anchors
-        if cfg.mlm and with_mlm and is_anchor.any():
-            labels = spans.mlm_labels(group[is_anchor], x.shape[1])  # (ga, T)
-            pick = labels != -100
-            logits = model.mlm_logits(h[torch.as_tensor(is_anchor, device=x.device)][pick])  # (K, V): masked only
-            mlm = F.cross_entropy(logits.float(), labels[pick], reduction="sum") * spans.mlm_scale
-    return emb.float(), mlm
-
-
-def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
-    if not cfg.contrastive:
-        return emb.new_zeros(())
-    a, p = emb[:n_anchors], emb[n_anchors:]
-    return L.nt_xent(a, p.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
+# First what the step is made of (the spans, their chunks, one chunk's forward), then the step itself.
 
 
 class Spans:
-    """One step's spans as one list, anchors first (MLM-corrupted when MLM is on), then the positives."""
+    """One step's spans as one list: the anchors first (MLM-corrupted when MLM is on), then their positives, P per
+    anchor in order. Span i is row i of one (S, T) tensor padded to the longest span, so a chunk is a slice."""
 
     def __init__(self, batch, cfg: TrainConfig, encoder, world: int):
         self.device = next(encoder.parameters()).device
-        self.pad, self.world, self.n_anchors = encoder.config.pad_token_id, world, len(batch["anchors"])
-        self.anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
-        self.positives = batch["positives"]
-        self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"]]).numpy()
-        if not cfg.contrastive:  # MLM alone (Fig. 3's ablation) has no use for the positives
-            self.lengths = self.lengths[:self.n_anchors]
-        self.labels = batch["mlm_labels"].to(self.device)
+        self.world, self.n_anchors = world, len(batch["anchors"])
+        anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
+        positives = batch["positives"] if cfg.contrastive else batch["positives"][:0]  # MLM alone needs no positives
+        self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"][:len(positives)]]).numpy()
+        T, pad = max(anchors.shape[1], positives.shape[1]), encoder.config.pad_token_id
+        self.ids = torch.cat([F.pad(anchors, (0, T - anchors.shape[1]), value=pad),
+                              F.pad(positives, (0, T - positives.shape[1]), value=pad)]).to(self.device)  # (S, T)
+        # MLM targets in the same layout, -100 (no target) everywhere but at the anchors' masked tokens
+        labels = F.pad(batch["mlm_labels"], (0, T - anchors.shape[1]), value=-100)
+        self.labels = torch.cat([labels, labels.new_full((len(positives), T), -100)]).to(self.device)  # (S, T)
         # MLM is a mean over the masked tokens of the whole global batch; DDP averages gradients over ranks, so
         # each rank's share is its sum divided by the global count over world.
         n_masked = (self.labels != -100).sum().float()
@@ -223,18 +117,13 @@ class Spans:
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and self.device.type == "cuda")
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    def padded(self, group: np.ndarray):
-        """(g, T) ids and 0/1 mask of the spans in `group`, padded to the longest of them."""
+    def chunk(self, group: np.ndarray):
+        """(g, T) ids, 0/1 mask and MLM labels of the spans in `group`, cut to the longest of them."""
         T = int(self.lengths[group].max())
-        rows = [self.anchors[i, :T] if i < self.n_anchors else self.positives[i - self.n_anchors, :T] for i in group]
-        x = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad).to(self.device)
+        rows = torch.as_tensor(group, device=self.device)
         lengths = torch.as_tensor(self.lengths[group], device=self.device)
-        return x, (torch.arange(T, device=self.device)[None] < lengths[:, None]).long()
-
-    def mlm_labels(self, anchors: np.ndarray, T: int):
-        """(ga, T) MLM labels of these anchors, -100 where a token is not a target."""
-        labels = self.labels[torch.as_tensor(anchors, device=self.device), :T]
-        return F.pad(labels, (0, T - labels.shape[1]), value=-100)  # a positive may be longer than every anchor
+        mask = (torch.arange(T, device=self.device)[None] < lengths[:, None]).long()
+        return self.ids[rows, :T], mask, self.labels[rows, :T]
 
     def unsort(self, groups) -> torch.Tensor:
         """The permutation from the chunks' order back to the batch's. np.concatenate(groups) lists, for each row of
@@ -265,6 +154,100 @@ def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list
     return groups
 
 
+def encode(encoder, spans: Spans, group: np.ndarray, cfg: TrainConfig, with_mlm: bool = True):
+    """One chunk of spans -> their embeddings (g, d) and this rank's share of the MLM loss of the anchors among them."""
+    x, mask, labels = spans.chunk(group)  # (g, T) each
+    with spans.autocast:
+        h = encoder(x, mask)  # (g, T, H)
+        # §3.1: a span's embedding is the mean of its token states
+        emb = mean_pool(h, mask)  # (g, H)
+        mlm = h.new_zeros(())
+        if cfg.mlm and with_mlm and (group < spans.n_anchors).any():
+            # §3.3: the MLM head on the masked tokens only (K of them), from the same forward pass
+            pick = labels != -100
+            logits = encoder.mlm_logits(h[pick])  # (K, V)
+            mlm = F.cross_entropy(logits.float(), labels[pick], reduction="sum") * spans.mlm_scale
+    return emb.float(), mlm
+
+
+class Chunks(nn.Module):
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
+    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, spans: Spans, groups, cfg: TrainConfig):
+        outs = [encode(self.encoder, spans, group, cfg) for group in groups]
+        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
+
+
+def bare_encoder(chunks) -> nn.Module:
+    """The encoder inside Chunks, or inside setup()'s DDP(Chunks(encoder))."""
+    return (chunks.module if isinstance(chunks, DDP) else chunks).encoder
+
+
+def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
+    if not cfg.contrastive:
+        return emb.new_zeros(())
+    anchors, positives = emb[:n_anchors], emb[n_anchors:]
+    return nt_xent(anchors, positives.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
+
+
+def train_step(chunks, batch, cfg: TrainConfig, world: int = 1) -> dict:
+    """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `chunks` is
+    Chunks(encoder), or under torchrun the DDP(Chunks(encoder)) that setup() builds (DDP averages the gradients)."""
+    encoder = bare_encoder(chunks)
+    spans = Spans(batch, cfg, encoder, world)
+    # Spans of similar length run together, in chunks within a token budget
+    groups = length_groups(spans.lengths, cfg.chunk_tokens)
+    if cfg.grad_cache:
+        return grad_cache_step(chunks, encoder, spans, groups, cfg)
+    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
+    emb, mlm = chunks(spans, groups, cfg)
+    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
+    emb = emb[spans.unsort(groups)]
+    # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
+    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
+    # §3.3: one objective, contrastive + MLM, one backward
+    (contrastive + mlm).backward()
+    return spans.stats(contrastive, mlm, cfg)
+
+
+def grad_cache_step(chunks, encoder, spans: Spans, groups, cfg: TrainConfig) -> dict:
+    """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
+    # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
+    states, embs = [], []
+    with torch.no_grad():
+        for group in groups:
+            states.append(rng_state(spans.device))
+            embs.append(encode(encoder, spans, group, cfg, with_mlm=False)[0])
+    # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
+    emb = torch.cat(embs)[spans.unsort(groups)].requires_grad_()
+    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
+    grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
+    grad = grad[torch.as_tensor(np.concatenate(groups), device=spans.device)]
+    starts = np.cumsum([0] + [len(g) for g in groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
+    # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
+    # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
+    # only, where every parameter must take part: a chunk with anchors (and so the MLM head) goes last.
+    order = sorted(range(len(groups)), key=lambda k: bool((groups[k] < spans.n_anchors).any()))
+    mlm = 0.0
+    for i, k in enumerate(order):
+        set_rng_state(states[k], spans.device)
+        with accumulate_locally(chunks, i < len(order) - 1):
+            e, m = chunks(spans, [groups[k]], cfg)
+            ((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
+        mlm = mlm + m.detach()
+    return spans.stats(contrastive, mlm, cfg)
+
+
+def accumulate_locally(chunks, local: bool):
+    """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces them all."""
+    return chunks.no_sync() if local and isinstance(chunks, DDP) else contextlib.nullcontext()
+
+
 def rng_state(device):
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
@@ -282,9 +265,9 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (1 + p * (cfg.lr_ratio - 1)) / cfg.lr_ratio
 
 
-def make_optimizer(model, cfg: TrainConfig, fused: bool):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]  # biases and LayerNorms: no decay
+def make_optimizer(encoder, cfg: TrainConfig, fused: bool):
+    decay = [p for p in encoder.parameters() if p.dim() >= 2]
+    rest = [p for p in encoder.parameters() if p.dim() < 2]  # biases and LayerNorms: no decay
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, eps=1e-6, fused=fused or None)
 
@@ -298,11 +281,11 @@ class Run:
     """Everything the loop reads and advances."""
     cfg: TrainConfig
     out: Path
-    model: torch.nn.Module
-    net: torch.nn.Module  # what train_step runs: the model (compiled with --compile), in DDP(Chunks) under torchrun
+    encoder: nn.Module
+    chunks: nn.Module  # what train_step runs: Chunks(encoder) (compiled with --compile), in DDP under torchrun
     tok: object
     opt: torch.optim.Optimizer
-    batches: S.SpanBatches
+    batches: sampler.SpanBatches
     total: int
     step: int = 0
     best: float = -1.0
@@ -312,87 +295,95 @@ class Run:
     world: int = 1
 
 
-def train(r: Run):
+def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
-    cfg, t0 = r.cfg, time.time()
+    cfg, t0 = run.cfg, time.time()
     clock = collections.deque([(t0, 0)], maxlen=RECENT + 1)  # (time, tokens so far) after each of the recent steps
-    for batch in S.make_loader(r.batches, r.step, r.total, cfg.workers):
+    for batch in sampler.make_loader(run.batches, run.step, run.total, cfg.workers):
         # The slanted triangular schedule sets this step's learning rate
-        for g in r.opt.param_groups:
-            g["lr"] = lr_at(r.step, r.total, cfg)
+        for g in run.opt.param_groups:
+            g["lr"] = lr_at(run.step, run.total, cfg)
         # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
-        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, r.rank, r.step]).generate_state(1)[0]))
+        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
         # Forward and backward of this rank's documents
-        s = train_step(r.net, batch, cfg, r.world)
-        if not math.isfinite(s["contrastive"] + s["mlm"]):
-            raise UserError(f"loss is {s['contrastive'] + s['mlm']} at step {r.step + 1}; last good checkpoint: "
-                            f"{r.last_good or 'none yet'}")
+        stats = train_step(run.chunks, batch, cfg, run.world)
+        if not math.isfinite(stats["contrastive"] + stats["mlm"]):
+            raise UserError(f"loss is {stats['contrastive'] + stats['mlm']} at step {run.step + 1}; last good "
+                            f"checkpoint: {run.last_good or 'none yet'}")
         # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
-        gnorm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), cfg.max_grad_norm)
-        r.opt.step()
-        r.opt.zero_grad(set_to_none=True)
-        r.step += 1
-        clock.append((time.time(), clock[-1][1] + s["tokens"] * r.world))
+        gnorm = torch.nn.utils.clip_grad_norm_(run.encoder.parameters(), cfg.max_grad_norm)
+        run.opt.step()
+        run.opt.zero_grad(set_to_none=True)
+        run.step += 1
+        clock.append((time.time(), clock[-1][1] + stats["tokens"] * run.world))
         (t_old, n_old), (t_new, n_new) = clock[0], clock[-1]
-        rec = dict(step=r.step, contrastive=round(s["contrastive"], 6), mlm=round(s["mlm"], 6),
-                   lr=r.opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4),
+        rec = dict(step=run.step, contrastive=round(stats["contrastive"], 6), mlm=round(stats["mlm"], 6),
+                   lr=run.opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4),
                    tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
-        if r.evaluate and ((cfg.eval_every and r.step % cfg.eval_every == 0) or r.step == r.total):
-            score_and_keep_best(r, rec)
-        if r.rank == 0:
-            log(r, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
-        if r.step % cfg.ckpt_every == 0 or r.step == r.total:
-            if r.rank == 0:
-                r.last_good = C.save_checkpoint(r.out, r.model, r.tok, r.opt, r.step, cfg, {"best": r.best})
-            if r.world > 1:
+        if run.evaluate and ((cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == run.total):
+            score_and_keep_best(run, rec)
+        if run.rank == 0:
+            log(run, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
+        if run.step % cfg.ckpt_every == 0 or run.step == run.total:
+            if run.rank == 0:
+                run.last_good = save_checkpoint(run.out, run.encoder, run.tok, run.opt, run.step, cfg,
+                                                {"best": run.best})
+            if run.world > 1:
                 dist.barrier()
 
 
-def score_and_keep_best(r: Run, rec: dict):
+def score_and_keep_best(run: Run, rec: dict):
     """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
-    r.model.eval()
-    rec["stsb_dev_spearman"] = r.evaluate() if r.rank == 0 else None
-    r.model.train()
-    if r.rank == 0 and rec["stsb_dev_spearman"] > r.best:
-        r.best = rec["stsb_dev_spearman"]
-        M.save_pretrained(r.model, r.tok, r.out / "best")
+    run.encoder.eval()
+    rec["stsb_dev_spearman"] = run.evaluate() if run.rank == 0 else None
+    run.encoder.train()
+    if run.rank == 0 and rec["stsb_dev_spearman"] > run.best:
+        run.best = rec["stsb_dev_spearman"]
+        save_pretrained(run.encoder, run.tok, run.out / "best")
 
 
 RECENT = 20  # steps over which tokens/s and the ETA are measured: the first minutes do not skew them
 
 
-def log(r: Run, rec: dict, elapsed: float, seconds_per_step: float):
+def log(run: Run, rec: dict, elapsed: float, seconds_per_step: float):
     """Every step into out/metrics.jsonl; every --log-every steps a line on stdout."""
-    with open(r.out / "metrics.jsonl", "a") as f:
+    with open(run.out / "metrics.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")
-    if r.step % r.cfg.log_every == 0 or r.step == r.total:
+    if run.step % run.cfg.log_every == 0 or run.step == run.total:
         sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
-        print(f"step {r.step}/{r.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
+        print(f"step {run.step}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
               f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {elapsed:.0f}s elapsed | "
-              f"ETA {seconds_per_step * (r.total - r.step):.0f}s{sts}", flush=True)
+              f"ETA {seconds_per_step * (run.total - run.step):.0f}s{sts}", flush=True)
 
 
-@C.cli
+def save_checkpoint(out: Path, encoder, tok, opt, step: int, cfg: TrainConfig, extra: dict) -> Path:
+    """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout, and train_state.pt (optimizer, step, config)."""
+    state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
+    return common.write_checkpoint(out, step, functools.partial(save_pretrained, encoder, tok), state, cfg.keep_ckpts)
+
+
+@common.cli
 def main(argv=None):
-    cfg = C.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    rank, local, world, device = C.setup_distributed()
-    r, threads = None, torch.get_num_threads()
+    cfg = common.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
+    rank, local, world, device = common.setup_distributed()
+    run, threads = None, torch.get_num_threads()
     try:
-        r = setup(cfg, C.given_fields(argv), rank, local, world, device)
-        train(r)
+        run = setup(cfg, common.given_fields(argv), rank, local, world, device)
+        train(run)
         if rank == 0:
-            finish(r)
+            finish(run)
         if world > 1:
             dist.barrier()  # no rank tears its connections down while another still uses them
     except KeyboardInterrupt:  # Ctrl-C: one line, the checkpoint to resume from
-        where = f"at step {r.step}; last checkpoint: {r.last_good or 'none yet'}" if r else "before training began"
-        raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {r.out} --resume)"
-                                                   if r and r.last_good else ""), code=130) from None
+        where = "before training began" if run is None else \
+            f"at step {run.step}; last checkpoint: {run.last_good or 'none yet'}"
+        raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {run.out} --resume)"
+                                                   if run and run.last_good else ""), code=130) from None
     finally:
         torch.set_num_threads(threads)
         if world > 1 and dist.is_initialized():
-            if r is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
-                r.net = None
+            if run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
+                run.chunks = None
                 gc.collect()
             dist.destroy_process_group()
 
@@ -401,39 +392,52 @@ def main(argv=None):
 # Setup: processes, the run folder, the model, the data
 
 
+@dataclass
+class Resume:
+    """The checkpoint a run continues from."""
+    path: Path
+    state: dict  # train_state.pt: optimizer, step, config, best
+    model: tuple  # (encoder, tokenizer)
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+
 def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, device) -> Run:
     """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced."""
     cfg, out, resume_from = run_folder(cfg, given, rank, world)
     if cfg.docs_per_step % world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {world} ranks", code=2)
-    torch.set_num_threads(cfg.threads or C.default_threads())
+    torch.set_num_threads(cfg.threads or common.default_threads())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
-    pairs = load_eval_data(cfg.eval_data)
-    model, tok = resume_from.model if resume_from else build_model(cfg, rank, world)
-    model.to(device).train()
-    batches = S.SpanBatches(prepare_corpus(cfg, tok, rank, local, world), tok, sampler_config(cfg, world),
-                            model.config.max_tokens, rank, world, quiet=rank != 0)
+    pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
+    encoder, tok = resume_from.model if resume_from else build_model(cfg, rank, world)
+    encoder.to(device).train()
+    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, rank, local, world), tok, cfg, encoder.config.max_tokens,
+                                  rank, world, quiet=rank != 0)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
     if resume_from and resume_from.step >= total and not restarted():
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
     if rank == 0:
-        C.prepare_run_folder(out, resume_from)
-    opt = make_optimizer(model, cfg, fused=device.type == "cuda")
-    net = torch.compile(model, dynamic=True) if cfg.compile else model
+        common.prepare_run_folder(out, resume_from.step if resume_from else None)
+    opt = make_optimizer(encoder, cfg, fused=device.type == "cuda")
+    chunks = Chunks(torch.compile(encoder, dynamic=True) if cfg.compile else encoder)
     if world > 1:  # gradients all-reduced in buckets during backward; the MLM head is unused under --no-mlm
-        net = DDP(Chunks(net), device_ids=[device.index] if device.type == "cuda" else None,
-                  find_unused_parameters=not cfg.mlm)
-    r = Run(cfg, out, model, net, tok, opt, batches, total, rank=rank, world=world)
+        chunks = DDP(chunks, device_ids=[device.index] if device.type == "cuda" else None,
+                     find_unused_parameters=not cfg.mlm)
+    run = Run(cfg, out, encoder, chunks, tok, opt, batches, total, rank=rank, world=world)
     if resume_from:
         opt.load_state_dict(resume_from.state["optimizer"])
-        r.step, r.best, r.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
-        C.say(rank, f"resuming at step {r.step} from {r.last_good}")
+        run.step, run.best, run.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
+        common.say(rank, f"resuming at step {run.step} from {run.last_good}")
     if pairs:
-        r.evaluate = functools.partial(evaluate_sts.spearman_of, model, tok, pairs)
-    C.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
-              f"documents, {total / batches.steps_per_epoch:.1f} passes over its {len(batches.docs):,} documents")
-    return r
+        run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs)
+    common.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of "
+                     f"{cfg.docs_per_step} documents, {total / batches.steps_per_epoch:.1f} passes over its "
+                     f"{len(batches.docs):,} documents")
+    return run
 
 
 def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
@@ -441,14 +445,15 @@ def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
     if not cfg.data and not cfg.resume:
         cfg = demo_config(cfg, rank, world)
     if cfg.resume and not cfg.out:  # the newest of the default run folders: `python train.py --resume` after the demo
-        cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: C.newest_mtime(Path(d)))))
+        cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: common.newest_mtime(Path(d)))))
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or DEFAULT_OUTS[0])
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
     if cfg.resume or restarted():
-        resume_from = C.newest_checkpoint(out, rank)
-        if resume_from:
+        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False), rank)
+        if found:
+            resume_from = Resume(*found)
             return resumed_config(cfg, given, resume_from), out, resume_from
         if not restarted():
             raise UserError(f"{out}: no checkpoint to resume from")
@@ -464,7 +469,7 @@ def restarted() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
 
 
-def resumed_config(cfg: TrainConfig, given: set, resume_from) -> TrainConfig:
+def resumed_config(cfg: TrainConfig, given: set, resume_from: Resume) -> TrainConfig:
     """The stored configuration, with the flags of RESUMABLE that the command line gives."""
     names = {f.name for f in fields(TrainConfig)}
     stored = TrainConfig(**{k: v for k, v in resume_from.state["config"].items() if k in names})
@@ -478,56 +483,44 @@ def resumed_config(cfg: TrainConfig, given: set, resume_from) -> TrainConfig:
     return replace(stored, **{**{k: getattr(cfg, k) for k in given & RESUMABLE}, "resume": True, "out": cfg.out})
 
 
-def load_eval_data(path: str):
-    """STS-B dev pairs for --eval-data, read before the corpus is prepared so that a bad path stops the run early."""
-    return evaluate_sts.load_stsb_dev(path) if path else None
-
-
 def build_model(cfg: TrainConfig, rank: int, world: int):
     """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0."""
     if not cfg.model.startswith("scratch:"):
-        return M.load_pretrained(cfg.model, verbose=rank == 0)
+        return load_pretrained(cfg.model, verbose=rank == 0)
     shape = cfg.model.removeprefix("scratch:")
     tok_json = [None]
     if rank == 0:
-        texts = S.document_texts(cfg.data, clean=not cfg.keep_whitespace)
-        tok_json = [H.train_tokenizer(texts, M.SHAPES[shape]["vocab_size"], quiet=False).to_str()]
+        texts = common.document_texts(cfg.data, clean=not cfg.keep_whitespace)
+        tok_json = [train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet=False).to_str()]
     if world > 1:
         dist.broadcast_object_list(tok_json, src=0)
-    tok = H.Tokenizer.from_str(tok_json[0])
-    return M.scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
+    tok = Tokenizer.from_str(tok_json[0])
+    return scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
 
 
-def prepare_corpus(cfg: TrainConfig, tok, rank: int, local: int, world: int):
+def corpus_for_run(cfg: TrainConfig, tok, rank: int, local: int, world: int) -> sampler.Corpus:
     """One process per machine tokenises; the others wait for it, then find its cache."""
     if local == 0:
-        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0, clean=not cfg.keep_whitespace)
+        corpus = sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0, clean=not cfg.keep_whitespace)
     if world > 1:
         dist.barrier()
     if local != 0:
-        corpus = S.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True, clean=not cfg.keep_whitespace)
+        corpus = sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True, clean=not cfg.keep_whitespace)
     return corpus
-
-
-def sampler_config(cfg: TrainConfig, world: int) -> S.SamplerConfig:
-    return S.SamplerConfig(num_anchors=cfg.num_anchors, num_positives=cfg.num_positives, min_span=cfg.min_span,
-                           max_span=cfg.max_span, docs_per_step=cfg.docs_per_step // world, seed=cfg.seed,
-                           mlm_probability=cfg.mlm_probability, scale_short_docs=cfg.scale_short_docs,
-                           positive_view=cfg.positive_view)
 
 
 # -----------------------------------------------------------------------------------------------
 # The end of a run
 
 
-def finish(r: Run):
+def finish(run: Run):
     """The final model in out/model, and what to do with it."""
-    M.save_pretrained(r.model, r.tok, r.out / "model")
-    best = f", the best by STS-B dev ({r.best:.2f}) in {r.out / 'best'}" if r.best >= 0 else ""
-    print(f"done: the model is in {r.out / 'model'}{best}")
+    save_pretrained(run.encoder, run.tok, run.out / "model")
+    best = f", the best by STS-B dev ({run.best:.2f}) in {run.out / 'best'}" if run.best >= 0 else ""
+    print(f"done: the model is in {run.out / 'model'}{best}")
     print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
-          f"python embed.py --model {r.out / 'model'} - --output {r.out / 'embeddings.npy'}")
-    print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {r.out / 'model'} --split dev"
+          f"python embed.py --model {run.out / 'model'} - --output {run.out / 'embeddings.npy'}")
+    print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {run.out / 'model'} --split dev"
           f"   # downloads the STS Benchmark once; or --data FOLDER holding sts-dev.csv")
 
 
@@ -542,11 +535,11 @@ def demo_config(cfg: TrainConfig, rank: int, world: int) -> TrainConfig:
     defaults = TrainConfig()
     cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
     if rank == 0:
-        C.demo_corpus(cfg.cache_dir)  # written once, by one process
+        common.demo_corpus(cfg.cache_dir)  # written once, by one process
     if world > 1:
         dist.barrier()
-    cfg = replace(cfg, data=[str(C.demo_corpus(cfg.cache_dir))])
-    C.say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    cfg = replace(cfg, data=[str(common.demo_corpus(cfg.cache_dir))])
+    common.say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
     return cfg
 
 

@@ -28,10 +28,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import common  # noqa: E402
 import evaluate_sts as E  # noqa: E402
 import hub as H  # noqa: E402
 import model as M  # noqa: E402
-import sampler as S  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
 # A = P = 2), and the figure whose table it belongs to.
@@ -81,7 +81,7 @@ def initial_models(a, out: Path) -> dict[int, str]:
     inits = {s: out / f"init-seed{s}" for s in a.seeds}
     if all((d / "model.safetensors").exists() for d in inits.values()):
         return inits
-    tok = H.train_tokenizer(S.document_texts(a.data), M.SHAPES[a.shape]["vocab_size"])
+    tok = H.train_tokenizer(common.document_texts(a.data), M.SHAPES[a.shape]["vocab_size"])
     for s, d in inits.items():
         M.save_pretrained(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=s), tok, d)
     return inits

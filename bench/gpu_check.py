@@ -89,7 +89,7 @@ def main():
     from train_step import original_step
 
     rows = []
-    for name, fn in (("train.py", lambda: T.train_step(ours, batch, cfg)),
+    for name, fn in (("train.py", lambda: T.train_step(T.Chunks(ours), batch, cfg)),
                      ("transformers, padded (original)", lambda: original_step_bf16(original_step, hf, gb))):
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

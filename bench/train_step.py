@@ -65,13 +65,13 @@ def main():
     print("| batch | real tokens | padded tokens (original) | train.py s | original s | ratio |")
     print("|---|---|---|---|---|---|")
     ta, tb, real_all = [], [], 0
-    T.train_step(ours, batches[0], cfg)  # warm-up: first-call allocations
+    T.train_step(T.Chunks(ours), batches[0], cfg)  # warm-up: first-call allocations
     original_step(hf, batches[0])
     for i, b in enumerate(batches):
         real = int(b["anchor_lengths"].sum() + b["positive_lengths"].sum())
         padded = b["anchors"].numel() + b["positives"].numel()
         times = []
-        for fn in (functools.partial(T.train_step, ours, b, cfg), functools.partial(original_step, hf, b)):
+        for fn in (functools.partial(T.train_step, T.Chunks(ours), b, cfg), functools.partial(original_step, hf, b)):
             ours.zero_grad()
             hf.zero_grad()
             t = time.perf_counter()

@@ -12,7 +12,6 @@ import pytest
 
 import embed as E
 import evaluate_sts as V
-import hub as H
 import model as M
 import train as T
 from conftest import ROOT
@@ -254,7 +253,7 @@ def test_evaluate_checks_before_work(tmp_path, capsys):
 def test_scratch_refuses_a_folder_that_holds_files(tmp_path, docs, capsys):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "notes.txt").write_text("mine")
-    code, line = fails(H.main, ["scratch", "--corpus", str(docs), "--out", str(tmp_path / "m")], capsys)
+    code, line = fails(M.main, ["scratch", "--corpus", str(docs), "--out", str(tmp_path / "m")], capsys)
     assert code == 1 and "holds files already; pass --overwrite" in line
     assert [p.name for p in (tmp_path / "m").iterdir()] == ["notes.txt"]
 

@@ -225,7 +225,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
 def test_scratch_cli(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat. " * 200)
-    H.main(["scratch", "--shape", "tiny", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "m")])
+    M.main(["scratch", "--shape", "tiny", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "m")])
     m, tok = M.load_pretrained(str(tmp_path / "m"))
     assert m.config.num_hidden_layers == 2 and tok.token_to_id("<mask>") == 4
 
@@ -238,7 +238,7 @@ def test_convert_bin(tmp_path, capsys):
     torch.save(sd, tmp_path / "m" / "pytorch_model.bin")  # what johngiorgi/declutr-small ships
     with pytest.raises(UserError, match="python model.py convert"):
         M.load_pretrained(str(tmp_path / "m"))
-    H.main(["convert", str(tmp_path / "m")])
+    M.main(["convert", str(tmp_path / "m")])
     ours, _ = M.load_pretrained(str(tmp_path / "m"))
     ids, mask = padded_batch(1)
     with torch.no_grad():
@@ -257,7 +257,7 @@ def test_convert_refuses_code_in_pickles(tmp_path, capsys):
     (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}, protocol=2))
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        H.main(["convert", str(tmp_path)])
+        M.main(["convert", str(tmp_path)])
     assert e.value.code == 1 and "weights_only" in capsys.readouterr().err
     assert not Path("/tmp/declutr-pwned").exists()
 
@@ -298,7 +298,7 @@ def test_bad_checkpoints_give_one_line(tmp_path, capsys, what):
     path, expect = bad(tmp_path, what)
     capsys.readouterr()  # forget what building the checkpoint printed
     with pytest.raises(SystemExit) as e:
-        H.main(["info", path])
+        M.main(["info", path])
     err = capsys.readouterr().err
     assert e.value.code == 1 and expect in err and err.count("\n") == 1 and err.startswith("error: "), err
 

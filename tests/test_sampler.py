@@ -241,15 +241,15 @@ def test_spans_fit_the_models_positions(tmp_path, tok, capsys):
 
 
 def test_shards_disjoint_covering_and_seeded(tmp_path, tok):
-    ranks = [make_batches(tmp_path, tok, n_docs=11, world=3, rank=r)[1] for r in range(3)]
+    ranks = [make_batches(tmp_path, tok, n_docs=11, world=3, rank=r, docs_per_step=6)[1] for r in range(3)]
     for epoch in (0, 1):
         shards = [set(r.shard(epoch).tolist()) for r in ranks]
         assert sum(map(len, shards)) == 11 and set().union(*shards) == set(range(11))
     assert ranks[0].shard(0).tolist() != ranks[0].shard(1).tolist()  # reshuffled each epoch
     seen = [set(ranks[r][s]["anchor_doc"].tolist()) for r in range(3) for s in range(ranks[r].steps_per_epoch)]
     assert all(a.isdisjoint(b) for i, a in enumerate(seen) for b in seen[i + 1:])  # no document twice in an epoch
-    _, again = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1)
-    _, other_seed = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1, seed=1)
+    _, again = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1, docs_per_step=6)
+    _, other_seed = make_batches(tmp_path, tok, n_docs=11, world=3, rank=1, docs_per_step=6, seed=1)
     for step in range(4):
         assert all(np.array_equal(again[step][k], ranks[1][step][k]) for k in ("anchors", "positives", "mlm_inputs"))
     assert not np.array_equal(other_seed[0]["anchors"], again[0]["anchors"])

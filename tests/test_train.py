@@ -37,7 +37,7 @@ def naive_grads(model, batch, tau=0.05, A=2, P=2):
 
 def step_grads(model, batch, **kw):
     model.zero_grad()
-    T.train_step(model, batch, T.TrainConfig(**kw))
+    T.train_step(T.Chunks(model), batch, T.TrainConfig(**kw))
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -215,11 +215,11 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
 
     monkeypatch.setattr(C, "torch_save", dying_save)
     with pytest.raises(KeyboardInterrupt):
-        C.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
+        T.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
     monkeypatch.undo()
     ck = C.checkpoints(tmp_path / "r")
     assert [c.name for c in ck] == ["step-00000002"]
-    state = C.load_checkpoint(ck[-1], model, opt)
+    state = C.read_train_state(ck[-1])
     assert state["step"] == 2
     before = trace(tmp_path / "r")
     T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "3"])  # and a run resumes from it, as if no crash
