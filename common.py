@@ -11,6 +11,7 @@ checkpoints written and found again, the run folder, the demo's documents.
 import argparse
 import codecs
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import gzip
@@ -25,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 
@@ -413,27 +414,109 @@ def pad_rows(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device. To a GPU from page-locked memory and without waiting: the copy runs while the host
+    goes on, and the GPU never waits for the host to stage it (torch's pinned-memory cache keeps the buffer until the
+    copy is done)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def prefetched(items, work):
+    """work(item) for each item, in order, the next one computed in a thread while the caller uses this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead = None
+        for item in items:
+            nxt = pool.submit(work, item)
+            if ahead is not None:
+                yield ahead.result()
+            ahead = nxt
+        if ahead is not None:
+            yield ahead.result()
+
+
 # -----------------------------------------------------------------------------------------------
 # The training run: processes under torchrun, checkpoints, the run folder, the demo's documents (train.py)
 # out/checkpoints/step-00000500/{model.safetensors, config.json, tokenizer.json, train_state.pt}
 
 
-def setup_distributed():
+@dataclass
+class Processes:
+    """This process among torchrun's: its ranks, its device, and the store where the processes meet."""
+    rank: int
+    local: int  # rank on this machine
+    world: int
+    device: torch.device
+    store: object = None  # None for one process
+    node: str = "0"  # torchrun's GROUP_RANK: which machine
+
+
+def processes() -> Processes:
+    """This process as torchrun started it, or one plain process. One GPU per process; no process group yet."""
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # torchrun's agent keeps its store across --max-restarts rounds: a prefix per round keeps restarted
-        # workers from reading the addresses that the workers before them published.
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                              is_master=rank == 0 and not agent, timeout=timedelta(minutes=10))
-        store = dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world,
-                                device_id=device if device.type == "cuda" else None)
-    return rank, local, world, device
+    world, device = int(os.environ.get("WORLD_SIZE", "1")), torch.device("cpu")
+    if torch.cuda.is_available():
+        gpus, here = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if here > gpus:  # every rank of the machine says so, rank 0 among them (only rank 0 prints)
+            raise UserError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
+                            f"(torchrun --nproc_per_node={gpus})", code=2)
+        device = torch.device(f"cuda:{local}")
+        torch.cuda.set_device(device)
+    return Processes(rank, local, world, device, rendezvous(rank, world), os.environ.get("GROUP_RANK", "0"))
+
+
+def rendezvous(rank: int, world: int):
+    """The key-value store where torchrun's processes meet, before any process group exists; None for one process."""
+    if world == 1:
+        return None
+    # torchrun's agent keeps its store across --max-restarts rounds: a prefix per round keeps restarted
+    # workers from reading the addresses that the workers before them published.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent, timeout=timedelta(minutes=10))
+    return dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def init_process_group(procs: Processes, timeout_s: int):
+    """NCCL on GPUs, gloo on CPUs; a collective that waits longer than timeout_s for another rank stops the job."""
+    if procs.world > 1:
+        cuda = procs.device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=procs.store, rank=procs.rank, world_size=procs.world,
+                                timeout=timedelta(seconds=timeout_s), device_id=procs.device if cuda else None)
+
+
+def made_once(store, key: str, make, maker: bool) -> str:
+    """make() (a string) on the one process that is `maker`; the others wait for it in the store, however long it
+    takes: tokenising a corpus or training a tokenizer can take hours, longer than any collective may wait, so no
+    process group exists yet. The maker's UserError is raised on every process that waits."""
+    if store is None:
+        return make()
+    if maker:
+        try:
+            value = make()
+        except UserError as e:
+            store.set(key, "error:" + str(e))
+            raise
+        store.set(key, "value:" + value)
+        return value
+    try:
+        store.wait([key], timedelta(days=7))
+    except dist.DistError as e:
+        raise UserError(f"the process preparing {key} stopped before it was done ({str(e).splitlines()[0]})") from None
+    kind, value = store.get(key).decode().split(":", 1)
+    if kind == "error":
+        raise UserError(value)
+    return value
+
+
+def autocast_dtype(name: str, device: torch.device):
+    """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
+    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16), fp32 on a CPU."""
+    if name == "auto" and device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def say(rank, *a, **k):

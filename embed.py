@@ -25,9 +25,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import Progress, UserError, bounded, choice, cli, json_text, pad_rows, parse_config, write_atomic
+from common import (
+    Progress,
+    UserError,
+    autocast_dtype,
+    bounded,
+    choice,
+    cli,
+    json_text,
+    pad_rows,
+    parse_config,
+    prefetched,
+    to_device,
+    write_atomic,
+)
 from hub import special_ids
-from model import load_pretrained
+from model import load_pretrained, mean_pool, real_positions
 
 
 @dataclass
@@ -42,7 +55,7 @@ class EmbedConfig:
     batch_tokens: int = bounded(0, 0)  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
     block: int = bounded(16384, 1)  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
     device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: fp32 on a CPU, bf16 on a GPU
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: fp32 on a CPU; on a GPU bf16, or fp16 if it has none
 
     def validate(self):
         """npy (float32, texts x hidden) or jsonl (an {"embedding": [...]} per line), by --output's extension."""
@@ -66,41 +79,65 @@ def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
     return [head + body[s:s + w] + tail for s in starts]
 
 
-@torch.inference_mode()
-def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", normalize: bool = False,
-           dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
-    """Mean-pooled embeddings (len(texts), hidden) in input order, float32. progress(texts, windows) is told, after
-    each batch, how many texts it finished (a text is finished once all its windows are) and how many windows ran."""
-    device = next(model.parameters()).device
-    batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
-    special, max_tokens = special_ids(tok), model.config.max_tokens
-    encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))
+@dataclass
+class Tokenized:
+    """Texts as the pieces to embed: pieces[i] is token ids with special tokens, owner[i] the text it belongs to."""
+    pieces: list
+    owner: np.ndarray
+    n_texts: int
+
+
+def tokenize(texts, tok, max_tokens: int, long: str = "truncate") -> Tokenized:
+    encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))  # all cores, no character offsets
     pieces, owner = [], []
     for i, e in enumerate(encodings):
         segs = _segments(e.ids, max_tokens, long)
         pieces += segs
         owner += [i] * len(segs)
+    return Tokenized(pieces, np.asarray(owner, dtype=np.int64), len(encodings))
+
+
+def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", normalize: bool = False,
+           dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
+    """Mean-pooled embeddings (len(texts), hidden) in input order, float32. progress(texts, windows) is told, after
+    each batch, how many texts it finished (a text is finished once all its windows are) and how many windows ran."""
+    return embed_tokenized(tokenize(texts, tok, model.config.max_tokens, long), model, tok,
+                           batch_tokens=batch_tokens, normalize=normalize, dtype=dtype, progress=progress)
+
+
+@torch.inference_mode()
+def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
+                    dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
+    """encode() after tokenize(). On a GPU nothing here waits for the GPU but the one copy back at the end: each
+    batch goes in from page-locked memory while the GPU still works on the one before, and stays there."""
+    device, pieces, owner = next(model.parameters()).device, tokenized.pieces, tokenized.owner
+    batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
+    pad = special_ids(tok)["pad"]
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
-    out = np.zeros((len(pieces), model.config.hidden_size), dtype=np.float32)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and dtype != torch.float32)
-    owner, left = np.asarray(owner), np.bincount(owner, minlength=len(encodings))  # windows left per text
+    out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
+    autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32))
+    left = np.bincount(owner, minlength=tokenized.n_texts)  # windows left per text
     i = 0
     while i < len(order):
         T = len(pieces[order[i]])
         j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-        ids, mask = pad_rows([pieces[k] for k in order[i:j]], special["pad"])
+        ids, mask = pad_rows([pieces[k] for k in order[i:j]], pad)
+        lengths = mask.sum(1)
+        real = to_device(real_positions(lengths, T), device) if lengths.min() < T else None
+        ids, mask = to_device(ids, device), to_device(mask, device)
         with autocast:
-            emb = model.embed(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
-        out[order[i:j]] = emb.float().cpu().numpy()
+            h = model(ids, mask if real is not None else None, real=real)  # (rows, T, H)
+            out.index_copy_(0, to_device(order[i:j].copy(), device), mean_pool(h, mask).float())
         if progress:
             texts = owner[order[i:j]]
             np.subtract.at(left, texts, 1)
             progress(int((left[np.unique(texts)] == 0).sum()), j - i)
         i = j
-    if len(pieces) != len(encodings):  # --long chunk: a text's embedding is the mean of its windows
-        sums = np.zeros((len(encodings), out.shape[1]), dtype=np.float64)
+    out = out.cpu().numpy()
+    if len(pieces) != tokenized.n_texts:  # --long chunk: a text's embedding is the mean of its windows
+        sums = np.zeros((tokenized.n_texts, out.shape[1]), dtype=np.float64)
         np.add.at(sums, owner, out)
-        out = (sums / np.bincount(owner, minlength=len(encodings))[:, None]).astype(np.float32)
+        out = (sums / np.bincount(owner, minlength=tokenized.n_texts)[:, None]).astype(np.float32)
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out
@@ -158,14 +195,13 @@ def check_paths(cfg: EmbedConfig, out: Path):
         raise UserError(f"{out}: cannot write into {out.parent}")
 
 
-def device_and_dtype(cfg: EmbedConfig):
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
-    dtype = {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    if dtype is not None and device.type == "cpu":
-        raise UserError(f"--dtype {cfg.dtype} is for GPUs; on a CPU embeddings are computed in fp32")
-    if cfg.dtype == "auto" and device.type == "cuda":
-        dtype = torch.bfloat16
-    return device, dtype
+def device_and_dtype(device: str, dtype: str):
+    """--device and --dtype, for embed.py and evaluate_sts.py alike: an STS score is the score of the embeddings that
+    embed.py writes. auto: fp32 on a CPU, bf16 on a GPU that has it, else fp16."""
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dtype not in ("auto", "fp32") and device.type == "cpu":
+        raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32", code=2)
+    return device, autocast_dtype(dtype, device)
 
 
 def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progress):
@@ -173,9 +209,11 @@ def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progr
     if cfg.format == "npy":  # the row count is known, so the header can come before the rows
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
-    for block in _blocks(cfg, stdin_copy):
-        emb = encode(block, model, tok, batch_tokens=cfg.batch_tokens, long=cfg.long, normalize=cfg.normalize,
-                     dtype=dtype, progress=progress)
+    # the next block is read and tokenised (in a thread: the tokenizer releases the GIL) while this one is embedded
+    max_tokens = model.config.max_tokens
+    for tokenized in prefetched(_blocks(cfg, stdin_copy), lambda texts: tokenize(texts, tok, max_tokens, cfg.long)):
+        emb = embed_tokenized(tokenized, model, tok, batch_tokens=cfg.batch_tokens, normalize=cfg.normalize,
+                              dtype=dtype, progress=progress)
         if cfg.format == "npy":
             f.write(emb.astype("<f4").tobytes())
         else:
@@ -189,7 +227,7 @@ def main(argv=None):
     if not cfg.model:
         raise UserError("no --model given: a hub id or a local Hugging Face directory")
     check_paths(cfg, out)
-    device, dtype = device_and_dtype(cfg)
+    device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     model, tok = load_pretrained(cfg.model, verbose=False)
     model.to(device)
     with tempfile.TemporaryDirectory() as tmpdir:

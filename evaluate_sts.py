@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from common import (
     Progress,
@@ -39,7 +38,7 @@ from common import (
     write_atomic,
     write_json,
 )
-from embed import encode
+from embed import device_and_dtype, encode
 from model import load_pretrained
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
@@ -53,6 +52,8 @@ class EvalConfig:
     split: str = choice("test", "dev")  # STS12-16 have only test data
     json: str = ""  # also write the scores here
     batch_tokens: int = bounded(0, 0)  # embed.py's token budget per batch (0: its default)
+    device: str = "auto"  # auto, cpu, cuda, cuda:1 ... (as embed.py's)
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # as embed.py's, so a score is that of the embeddings it writes
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
@@ -88,7 +89,7 @@ def spearman(x, y) -> float:
     return pearson(rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float)))
 
 
-def cosines(model, tok, a, b, batch_tokens=0, progress=None) -> np.ndarray:
+def cosines(model, tok, a, b, batch_tokens=0, progress=None, dtype=None) -> np.ndarray:
     uniq = list(dict.fromkeys(a + b))  # each sentence embedded once
     done = [0]
 
@@ -96,7 +97,8 @@ def cosines(model, tok, a, b, batch_tokens=0, progress=None) -> np.ndarray:
         done[0] += texts
         progress(f"{done[0]:,}/{len(uniq):,} sentences")
 
-    emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, progress=report if progress else None)
+    emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype,
+                 progress=report if progress else None)
     where = {s: i for i, s in enumerate(uniq)}
     return (emb[[where[s] for s in a]] * emb[[where[s] for s in b]]).sum(1)
 
@@ -112,7 +114,7 @@ WHY_FEW = (f"* fewer than {FEW} pairs: over so few pairs one pair more or less m
            f"it is not a score to compare")
 
 
-def score(model, tok, tasks, batch_tokens=0, progress=None) -> dict:
+def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None) -> dict:
     """{task: scores}; a task or subset of fewer than FEW pairs carries few_pairs: true."""
     out = {}
     for task, subsets in tasks.items():
@@ -120,7 +122,7 @@ def score(model, tok, tasks, batch_tokens=0, progress=None) -> dict:
         for name, (a, b, gold) in subsets.items():
             if progress:
                 progress.note(f"{task} {name}".strip() + f", {len(gold):,} pairs")
-            cos = cosines(model, tok, a, b, batch_tokens, progress)
+            cos = cosines(model, tok, a, b, batch_tokens, progress, dtype)
             per[name] = dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold), cos=cos,
                              **({"few_pairs": True} if len(gold) < FEW else {}))
         if list(per) == [""]:
@@ -135,9 +137,9 @@ def score(model, tok, tasks, batch_tokens=0, progress=None) -> dict:
     return out
 
 
-def spearman_of(model, tok, pairs) -> float:
+def spearman_of(model, tok, pairs, dtype=None) -> float:
     a, b, gold = pairs
-    return 100 * spearman(cosines(model, tok, a, b), gold)
+    return 100 * spearman(cosines(model, tok, a, b, dtype=dtype), gold)
 
 
 def table(results: dict) -> str:
@@ -315,12 +317,12 @@ def main(argv=None):
     if not tasks:
         raise UserError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
                         + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
         progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
         model, tok = load_pretrained(name, verbose=False)
-        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress)
+        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress, dtype)
         progress.done(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
     print(table(results))
     if cfg.json:

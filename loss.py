@@ -38,8 +38,9 @@ def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float =
         sim = z @ z.T / temperature  # (2M, 2M); a small tau sharpens the softmax so hard negatives dominate
     # An embedding is never its own negative: leave the diagonal out of every denominator
     sim = sim.masked_fill(torch.eye(2 * m, dtype=torch.bool, device=sim.device), float("-inf"))
-    # Row i's target is its partner: anchor i -> positive i (column m + i), and positive i -> anchor i
-    targets = torch.cat([torch.arange(m, 2 * m), torch.arange(0, m)]).to(sim.device)
+    # Row i's target is its partner: anchor i -> positive i (column m + i), and positive i -> anchor i. Made on the
+    # device itself: a copy from the host would make the host wait for the GPU.
+    targets = torch.arange(2 * m, device=sim.device).roll(m)  # m, ..., 2m - 1, 0, ..., m - 1
     # Cross-entropy over each row is l(i, j) above; its mean runs over the 2M terms, both directions
     return F.cross_entropy(sim, targets)
 

@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -94,17 +95,17 @@ class SelfAttention(nn.Module):
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
-    def forward(self, x, mask, rows, B, T):
-        """x: (N, H) the real tokens of a (B, T) batch; rows: their flat positions in it (None: all B*T)."""
+    def forward(self, x, mask, real, B, T):
+        """x: (N, H) the real tokens of a (B, T) batch; real: their flat positions in it (None: all B*T)."""
         H = x.shape[-1]
         qkv = self.qkv(x)  # (N, 3H)
-        if rows is not None:  # attention alone needs the (B, T) layout: scatter in, gather out
-            qkv = qkv.new_zeros(B * T, 3 * H).index_copy_(0, rows, qkv)
+        if real is not None:  # attention alone needs the (B, T) layout: scatter in, gather out
+            qkv = qkv.new_zeros(B * T, 3 * H).index_copy_(0, real, qkv)
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B * T, H)  # (B*T, H)
-        if rows is not None:
-            y = y[rows]  # (N, H)
+        if real is not None:
+            y = y[real]  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 
 
@@ -126,8 +127,8 @@ class Layer(nn.Module):
         super().__init__()
         self.attn, self.ffn = SelfAttention(c), FeedForward(c)
 
-    def forward(self, x, mask, rows, B, T):
-        return self.ffn(self.attn(x, mask, rows, B, T))
+    def forward(self, x, mask, real, B, T):
+        return self.ffn(self.attn(x, mask, real, B, T))
 
 
 class MLMHead(nn.Module):
@@ -153,29 +154,32 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
         self.mlm = MLMHead(c, self.embeddings.word)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding)."""
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, real=None):
+        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). real: the (N,) flat
+        positions of the mask's ones (real_positions), from a caller who knows the lengths; found here instead, on a
+        GPU, they would make the host wait for the GPU to finish all it was given."""
         B, T = input_ids.shape
         x = self.embeddings(input_ids, token_type_ids).flatten(0, 1)  # (B*T, H)
-        mask = rows = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if attention_mask is not None and real is None and not bool(attention_mask.all()):
+            real = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+        mask = None
+        if real is not None:
             # Spans of 32-512 tokens batched together are often half padding (§3.1's lengths): every
             # token-wise matmul runs on the N real tokens only; padding exists only inside attention.
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) which keys to attend to
-            rows = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-            x = x[rows]  # (N, H)
+            x = x[real]  # (N, H)
         for layer in self.layers:
-            x = layer(x, mask, rows, B, T)
-        if rows is not None:
-            x = x.new_zeros(B * T, x.shape[-1]).index_copy_(0, rows, x)
+            x = layer(x, mask, real, B, T)
+        if real is not None:
+            x = x.new_zeros(B * T, x.shape[-1]).index_copy_(0, real, x)
         return x.view(B, T, -1)  # (B, T, H)
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
         return self.mlm(hidden)
 
-    def embed(self, input_ids, attention_mask):
-        return mean_pool(self(input_ids, attention_mask), attention_mask)
+    def embed(self, input_ids, attention_mask, real=None):
+        return mean_pool(self(input_ids, attention_mask, real=real), attention_mask)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator):
@@ -196,6 +200,11 @@ def mean_pool(hidden, attention_mask):
     """§3.1: the span embedding is the mean of its token states over the attention mask."""
     m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def real_positions(lengths: np.ndarray, T: int) -> np.ndarray:
+    """The flat positions, in a (B, T) batch padded on the right, of the real tokens of rows of these lengths."""
+    return np.flatnonzero(np.arange(T)[None] < np.asarray(lengths)[:, None])
 
 
 # -----------------------------------------------------------------------------------------------

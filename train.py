@@ -39,7 +39,7 @@ import sampler
 from common import UserError, bounded, choice
 from hub import train_tokenizer
 from loss import nt_xent
-from model import load_pretrained, mean_pool, save_pretrained, scratch_encoder, scratch_shape
+from model import load_pretrained, mean_pool, real_positions, save_pretrained, scratch_encoder, scratch_shape
 
 
 @dataclass
@@ -59,8 +59,9 @@ class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data
     epochs: int = bounded(1, 1)
     chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
     grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
-    dtype: str = choice("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on CPU
-    compile: bool = False  # torch.compile the encoder
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 GPU, else fp16 (loss-scaled) GPU, fp32 CPU
+    compile: bool = False  # torch.compile each chunk's forward: the encoder, pooling and the MLM head
+    ddp_timeout: int = bounded(1800, 1)  # seconds a collective waits for the other ranks before the job stops
     log_every: int = bounded(10, 1)
     eval_data: str = ""  # STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best
     eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
@@ -84,7 +85,7 @@ class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data
 # Flags that --resume takes from the command line: they extend the run or change what is logged, evaluated and
 # kept, not the model's trajectory. Any other flag given with --resume is refused.
 RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval_every", "ckpt_every", "keep_ckpts",
-             "workers", "threads", "cache_dir"}
+             "workers", "threads", "cache_dir", "ddp_timeout"}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -94,55 +95,79 @@ RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval
 
 class Spans:
     """One step's spans as one list: the anchors first (MLM-corrupted when MLM is on), then their positives, P per
-    anchor in order. Span i is row i of one (S, T) tensor padded to the longest span, so a chunk is a slice."""
+    anchor in order, cut into chunks of similar length. Span i is row i of one (S, T) tensor padded to the longest,
+    so a chunk is a slice of rows. What each chunk needs (its rows, where its real tokens and MLM targets are) is
+    worked out on the host from the lengths the sampler gives and sent to the device in one copy: nothing in the
+    step makes the host wait for the GPU."""
 
     def __init__(self, batch, cfg: TrainConfig, encoder, world: int):
-        self.device = next(encoder.parameters()).device
-        self.world, self.n_anchors = world, len(batch["anchors"])
+        self.device = device = next(encoder.parameters()).device
+        self.world, self.n_anchors, self.mlm = world, len(batch["anchors"]), cfg.mlm
         anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
         positives = batch["positives"] if cfg.contrastive else batch["positives"][:0]  # MLM alone needs no positives
         self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"][:len(positives)]]).numpy()
+        # Spans of similar length run together, within a token budget. On a GPU, one chunk per budget: a chunk more
+        # costs more in launches than the padding inside one, which the token-wise layers skip anyway.
+        self.groups = length_groups(self.lengths, cfg.chunk_tokens, spread=0.8 if device.type == "cpu" else 0.0)
         T, pad = max(anchors.shape[1], positives.shape[1]), encoder.config.pad_token_id
-        self.ids = torch.cat([F.pad(anchors, (0, T - anchors.shape[1]), value=pad),
-                              F.pad(positives, (0, T - positives.shape[1]), value=pad)]).to(self.device)  # (S, T)
-        # MLM targets in the same layout, -100 (no target) everywhere but at the anchors' masked tokens
-        labels = F.pad(batch["mlm_labels"], (0, T - anchors.shape[1]), value=-100)
-        self.labels = torch.cat([labels, labels.new_full((len(positives), T), -100)]).to(self.device)  # (S, T)
+        self.ids = torch.cat([F.pad(anchors.to(device, non_blocking=True), (0, T - anchors.shape[1]), value=pad),
+                              F.pad(positives.to(device, non_blocking=True), (0, T - positives.shape[1]), value=pad)])
+        self.plan = self._plan(batch["mlm_labels"].numpy())
         # MLM is a mean over the masked tokens of the whole global batch; DDP averages gradients over ranks, so
         # each rank's share is its sum divided by the global count over world.
-        n_masked = (self.labels != -100).sum().float()
+        n_masked = self.part("n_masked")[0].float()
         if world > 1:
             dist.all_reduce(n_masked)
         self.mlm_scale = world / n_masked.clamp(min=1)
-        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and self.device.type == "cuda")
-        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+        dtype = common.autocast_dtype(cfg.dtype, device)
+        self.autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
-    def chunk(self, group: np.ndarray):
-        """(g, T) ids, 0/1 mask and MLM labels of the spans in `group`, cut to the longest of them."""
-        T = int(self.lengths[group].max())
-        rows = torch.as_tensor(group, device=self.device)
-        lengths = torch.as_tensor(self.lengths[group], device=self.device)
-        mask = (torch.arange(T, device=self.device)[None] < lengths[:, None]).long()
-        return self.ids[rows, :T], mask, self.labels[rows, :T]
+    def _plan(self, labels: np.ndarray) -> torch.Tensor:
+        """Every index the chunks need, in one int64 tensor on the device; part(name, k) finds chunk k's piece."""
+        parts = {"lengths": self.lengths, "order": np.concatenate(self.groups),
+                 "unsort": np.argsort(np.concatenate(self.groups)), "n_masked": [int((labels != -100).sum())]}
+        for k, group in enumerate(self.groups):
+            T = int(self.lengths[group].max())
+            parts[f"rows{k}"] = group
+            if (self.lengths[group] < T).any():  # padding: the real tokens' flat positions (Encoder.forward)
+                parts[f"real{k}"] = real_positions(self.lengths[group], T)
+            anchors = np.flatnonzero(group < self.n_anchors)  # the chunk's rows that hold anchors
+            if anchors.size:  # §3.3: where its masked tokens are in the chunk's (g, T) layout, and what they were
+                chunk_labels = labels[group[anchors], :T]
+                i, j = np.nonzero(chunk_labels != -100)
+                parts[f"mlm_at{k}"], parts[f"mlm_targets{k}"] = anchors[i] * T + j, chunk_labels[i, j]
+        arrays = [np.asarray(v, dtype=np.int64) for v in parts.values()]
+        ends = np.cumsum([len(a) for a in arrays])
+        self.slices = {name: slice(end - len(a), end) for name, a, end in zip(parts, arrays, ends, strict=True)}
+        return common.to_device(np.concatenate(arrays), self.device)
 
-    def unsort(self, groups) -> torch.Tensor:
-        """The permutation from the chunks' order back to the batch's. np.concatenate(groups) lists, for each row of
-        the chunks' output, the span it holds; its inverse (argsort) lists, for each span, the row that holds it."""
-        return torch.as_tensor(np.argsort(np.concatenate(groups)), device=self.device)
+    def part(self, name: str, k: int | str = ""):
+        where = self.slices.get(f"{name}{k}")
+        return None if where is None else self.plan[where]
 
-    def stats(self, contrastive, mlm, cfg: TrainConfig) -> dict:
-        """The step's losses for the log: contrastive (the same on every rank) and MLM averaged over ranks."""
-        mlm_log = torch.as_tensor(mlm, device=self.device).detach() / self.world
+    def chunk(self, k: int, with_mlm: bool = True):
+        """Chunk k: (g, T) ids and 0/1 mask, the real tokens' positions (None: no padding), the MLM targets' positions
+        and ids (None: no anchor in the chunk, or no MLM)."""
+        T = int(self.lengths[self.groups[k]].max())
+        rows = self.part("rows", k)
+        mask = (torch.arange(T, device=self.device)[None] < self.part("lengths")[rows][:, None]).long()  # (g, T)
+        mlm = with_mlm and self.mlm and f"mlm_at{k}" in self.slices
+        return (self.ids[rows, :T], mask, self.part("real", k), self.part("mlm_at", k) if mlm else None,
+                self.part("mlm_targets", k) if mlm else None)
+
+    def stats(self, contrastive, mlm) -> dict:
+        """The step's losses for the log, left on the device (the loop reads them once): contrastive (the same on
+        every rank) and MLM averaged over ranks."""
+        mlm_log = mlm.detach() / self.world if self.mlm else torch.zeros((), device=self.device)
         if self.world > 1:
             dist.all_reduce(mlm_log)  # the global mean, for the log
-        return dict(tokens=int(self.lengths.sum()), contrastive=float(contrastive.detach()),
-                    mlm=float(mlm_log) if cfg.mlm else 0.0)
+        return dict(tokens=int(self.lengths.sum()), contrastive=contrastive.detach(), mlm=mlm_log)
 
 
 def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list[np.ndarray]:
     """Span indices sorted by length, cut into chunks whose padded size stays within `budget` tokens and
     whose shortest span is at least `spread` of the longest: token-wise layers skip padding anyway
-    (model.py), attention and its dropout cost T^2 per span, so a 40-token positive never waits on a
+    (model.py), attention and its dropout cost T^2 per span, so on a CPU a 40-token positive never waits on a
     500-token anchor."""
     order = np.argsort(-lengths, kind="stable")
     groups, start = [], 0
@@ -154,38 +179,40 @@ def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list
     return groups
 
 
-def encode(encoder, spans: Spans, group: np.ndarray, cfg: TrainConfig, with_mlm: bool = True):
-    """One chunk of spans -> their embeddings (g, d) and this rank's share of the MLM loss of the anchors among them."""
-    x, mask, labels = spans.chunk(group)  # (g, T) each
-    with spans.autocast:
-        h = encoder(x, mask)  # (g, T, H)
-        # §3.1: a span's embedding is the mean of its token states
-        emb = mean_pool(h, mask)  # (g, H)
-        mlm = h.new_zeros(())
-        if cfg.mlm and with_mlm and (group < spans.n_anchors).any():
-            # §3.3: the MLM head on the masked tokens only (K of them), from the same forward pass
-            pick = labels != -100
-            logits = encoder.mlm_logits(h[pick])  # (K, V)
-            mlm = F.cross_entropy(logits.float(), labels[pick], reduction="sum") * spans.mlm_scale
-    return emb.float(), mlm
+def chunk_forward(encoder, ids, mask, real, mlm_at, mlm_targets, mlm_scale):
+    """One chunk of spans -> their embeddings (g, H) and this rank's share of the MLM loss of the anchors among them.
+    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
+    h = encoder(ids, mask if real is not None else None, real=real)  # (g, T, H)
+    # §3.1: a span's embedding is the mean of its token states
+    emb = mean_pool(h, mask).float()  # (g, H)
+    if mlm_at is None:
+        return emb, emb.new_zeros(())
+    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
+    logits = encoder.mlm_logits(h.flatten(0, 1)[mlm_at])  # (K, V)
+    return emb, F.cross_entropy(logits.float(), mlm_targets, reduction="sum") * mlm_scale
 
 
 class Chunks(nn.Module):
     """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
     backward, during which DDP all-reduces the gradients in buckets as they become ready."""
 
-    def __init__(self, encoder):
+    def __init__(self, encoder, compile: bool = False):
         super().__init__()
         self.encoder = encoder
+        self.chunk_forward = torch.compile(chunk_forward, dynamic=True) if compile else chunk_forward
 
-    def forward(self, spans: Spans, groups, cfg: TrainConfig):
-        outs = [encode(self.encoder, spans, group, cfg) for group in groups]
+    def chunk(self, spans: Spans, k: int, with_mlm: bool = True):
+        with spans.autocast:
+            return self.chunk_forward(self.encoder, *spans.chunk(k, with_mlm), spans.mlm_scale)
+
+    def forward(self, spans: Spans, chunks):
+        outs = [self.chunk(spans, k) for k in chunks]
         return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
 
 
-def bare_encoder(chunks) -> nn.Module:
-    """The encoder inside Chunks, or inside setup()'s DDP(Chunks(encoder))."""
-    return (chunks.module if isinstance(chunks, DDP) else chunks).encoder
+def unwrap(chunks) -> Chunks:
+    """Chunks itself, also from inside setup()'s DDP(Chunks(encoder))."""
+    return chunks.module if isinstance(chunks, DDP) else chunks
 
 
 def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
@@ -195,52 +222,55 @@ def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
     return nt_xent(anchors, positives.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
 
 
-def train_step(chunks, batch, cfg: TrainConfig, world: int = 1) -> dict:
+def scaled(loss, scaler):
+    """fp16: the loss times the scaler's scale, so that small gradients do not vanish in half precision."""
+    return loss if scaler is None else scaler.scale(loss)
+
+
+def train_step(chunks, batch, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
     """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `chunks` is
     Chunks(encoder), or under torchrun the DDP(Chunks(encoder)) that setup() builds (DDP averages the gradients)."""
-    encoder = bare_encoder(chunks)
-    spans = Spans(batch, cfg, encoder, world)
-    # Spans of similar length run together, in chunks within a token budget
-    groups = length_groups(spans.lengths, cfg.chunk_tokens)
+    # The step's spans, in chunks of similar length
+    spans = Spans(batch, cfg, unwrap(chunks).encoder, world)
     if cfg.grad_cache:
-        return grad_cache_step(chunks, encoder, spans, groups, cfg)
+        return grad_cache_step(chunks, spans, cfg, scaler)
     # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
-    emb, mlm = chunks(spans, groups, cfg)
+    emb, mlm = chunks(spans, range(len(spans.groups)))
     # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
-    emb = emb[spans.unsort(groups)]
+    emb = emb[spans.part("unsort")]
     # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
     # §3.3: one objective, contrastive + MLM, one backward
-    (contrastive + mlm).backward()
-    return spans.stats(contrastive, mlm, cfg)
+    scaled(contrastive + mlm, scaler).backward()
+    return spans.stats(contrastive, mlm)
 
 
-def grad_cache_step(chunks, encoder, spans: Spans, groups, cfg: TrainConfig) -> dict:
+def grad_cache_step(chunks, spans: Spans, cfg: TrainConfig, scaler=None) -> dict:
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
     states, embs = [], []
     with torch.no_grad():
-        for group in groups:
+        for k in range(len(spans.groups)):
             states.append(rng_state(spans.device))
-            embs.append(encode(encoder, spans, group, cfg, with_mlm=False)[0])
+            embs.append(unwrap(chunks).chunk(spans, k, with_mlm=False)[0])
     # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
-    emb = torch.cat(embs)[spans.unsort(groups)].requires_grad_()
+    emb = torch.cat(embs)[spans.part("unsort")].requires_grad_()
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
     grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
-    grad = grad[torch.as_tensor(np.concatenate(groups), device=spans.device)]
-    starts = np.cumsum([0] + [len(g) for g in groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
+    grad = grad[spans.part("order")]
+    starts = np.cumsum([0] + [len(g) for g in spans.groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
     # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
     # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
     # only, where every parameter must take part: a chunk with anchors (and so the MLM head) goes last.
-    order = sorted(range(len(groups)), key=lambda k: bool((groups[k] < spans.n_anchors).any()))
-    mlm = 0.0
+    order = sorted(range(len(spans.groups)), key=lambda k: bool((spans.groups[k] < spans.n_anchors).any()))
+    mlm = torch.zeros((), device=spans.device)
     for i, k in enumerate(order):
         set_rng_state(states[k], spans.device)
         with accumulate_locally(chunks, i < len(order) - 1):
-            e, m = chunks(spans, [groups[k]], cfg)
-            ((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
+            e, m = chunks(spans, [k])
+            scaled((e * grad[starts[k]:starts[k + 1]]).sum() + m, scaler).backward()
         mlm = mlm + m.detach()
-    return spans.stats(contrastive, mlm, cfg)
+    return spans.stats(contrastive, mlm)
 
 
 def accumulate_locally(chunks, local: bool):
@@ -272,6 +302,25 @@ def make_optimizer(encoder, cfg: TrainConfig, fused: bool):
     return torch.optim.AdamW(groups, lr=cfg.lr, eps=1e-6, fused=fused or None)
 
 
+def load_optimizer(opt, saved: dict):
+    """A stored optimizer state, run the way this device wants it: fused AdamW on a GPU even when the run began on a
+    CPU, and the other way round (load_state_dict alone would bring back the stored `fused`)."""
+    groups = [{**stored, "fused": ours["fused"], "foreach": ours["foreach"]}
+              for stored, ours in zip(saved["param_groups"], opt.param_groups, strict=True)]
+    opt.load_state_dict({**saved, "param_groups": groups})
+
+
+def optimizer_step(opt, scaler, encoder, max_norm: float) -> torch.Tensor:
+    """Clip the gradient to max_norm and step; returns its norm, on the device. fp16: the loss scale comes out
+    first, and a step whose gradient overflowed is skipped, with a smaller scale for the next."""
+    scaler.unscale_(opt)
+    gnorm = torch.nn.utils.clip_grad_norm_(encoder.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return gnorm
+
+
 # -----------------------------------------------------------------------------------------------
 # The loop
 
@@ -285,6 +334,7 @@ class Run:
     chunks: nn.Module  # what train_step runs: Chunks(encoder) (compiled with --compile), in DDP under torchrun
     tok: object
     opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # fp16's loss scale; disabled (a no-op) in every other precision
     batches: sampler.SpanBatches
     total: int
     step: int = 0
@@ -306,19 +356,21 @@ def train(run: Run):
         # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
         # Forward and backward of this rank's documents
-        stats = train_step(run.chunks, batch, cfg, run.world)
-        if not math.isfinite(stats["contrastive"] + stats["mlm"]):
-            raise UserError(f"loss is {stats['contrastive'] + stats['mlm']} at step {run.step + 1}; last good "
-                            f"checkpoint: {run.last_good or 'none yet'}")
+        stats = train_step(run.chunks, batch, cfg, run.world, run.scaler)
         # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
-        gnorm = torch.nn.utils.clip_grad_norm_(run.encoder.parameters(), cfg.max_grad_norm)
-        run.opt.step()
-        run.opt.zero_grad(set_to_none=True)
+        gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
+        # The step's numbers, read from the device at once: the one place a step waits for the GPU
+        contrastive, mlm, gnorm = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=gnorm.device)
+                                               for x in (stats["contrastive"], stats["mlm"], gnorm)]).tolist()
+        if not math.isfinite(contrastive + mlm):
+            raise UserError(f"loss is {contrastive + mlm} at step {run.step + 1}; last good checkpoint: "
+                            f"{run.last_good or 'none yet'}")
         run.step += 1
         clock.append((time.time(), clock[-1][1] + stats["tokens"] * run.world))
         (t_old, n_old), (t_new, n_new) = clock[0], clock[-1]
-        rec = dict(step=run.step, contrastive=round(stats["contrastive"], 6), mlm=round(stats["mlm"], 6),
-                   lr=run.opt.param_groups[0]["lr"], grad_norm=round(float(gnorm), 4),
+        rec = dict(step=run.step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
+                   lr=run.opt.param_groups[0]["lr"],
+                   grad_norm=round(gnorm, 4) if math.isfinite(gnorm) else None,  # fp16: a skipped step's is inf
                    tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
         if run.evaluate and ((cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == run.total):
             score_and_keep_best(run, rec)
@@ -326,8 +378,7 @@ def train(run: Run):
             log(run, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
         if run.step % cfg.ckpt_every == 0 or run.step == run.total:
             if run.rank == 0:
-                run.last_good = save_checkpoint(run.out, run.encoder, run.tok, run.opt, run.step, cfg,
-                                                {"best": run.best})
+                run.last_good = save_checkpoint(run)
             if run.world > 1:
                 dist.barrier()
 
@@ -356,23 +407,25 @@ def log(run: Run, rec: dict, elapsed: float, seconds_per_step: float):
               f"ETA {seconds_per_step * (run.total - run.step):.0f}s{sts}", flush=True)
 
 
-def save_checkpoint(out: Path, encoder, tok, opt, step: int, cfg: TrainConfig, extra: dict) -> Path:
+def save_checkpoint(run: Run) -> Path:
     """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout, and train_state.pt (optimizer, step, config)."""
-    state = {"optimizer": opt.state_dict(), "step": step, "config": asdict(cfg), **extra}
-    return common.write_checkpoint(out, step, functools.partial(save_pretrained, encoder, tok), state, cfg.keep_ckpts)
+    state = {"optimizer": run.opt.state_dict(), "step": run.step, "config": asdict(run.cfg), "best": run.best,
+             **({"scaler": run.scaler.state_dict()} if run.scaler.is_enabled() else {})}
+    return common.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
+                                   run.cfg.keep_ckpts)
 
 
 @common.cli
 def main(argv=None):
     cfg = common.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    rank, local, world, device = common.setup_distributed()
+    procs = common.processes()
     run, threads = None, torch.get_num_threads()
     try:
-        run = setup(cfg, common.given_fields(argv), rank, local, world, device)
+        run = setup(cfg, common.given_fields(argv), procs)
         train(run)
-        if rank == 0:
+        if run.rank == 0:
             finish(run)
-        if world > 1:
+        if run.world > 1:
             dist.barrier()  # no rank tears its connections down while another still uses them
     except KeyboardInterrupt:  # Ctrl-C: one line, the checkpoint to resume from
         where = "before training began" if run is None else \
@@ -381,7 +434,7 @@ def main(argv=None):
                                                    if run and run.last_good else ""), code=130) from None
     finally:
         torch.set_num_threads(threads)
-        if world > 1 and dist.is_initialized():
+        if dist.is_initialized():
             if run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
                 run.chunks = None
                 gc.collect()
@@ -404,46 +457,54 @@ class Resume:
         return self.state["step"]
 
 
-def setup(cfg: TrainConfig, given: set, rank: int, local: int, world: int, device) -> Run:
-    """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced."""
-    cfg, out, resume_from = run_folder(cfg, given, rank, world)
+def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
+    """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced, and all
+    that may take long (a tokenizer, the corpus) is ready before the process group exists, whose collectives may wait
+    only --ddp-timeout seconds."""
+    rank, world, device = procs.rank, procs.world, procs.device
+    cfg, out, resume_from = run_folder(cfg, given, procs)
     if cfg.docs_per_step % world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {world} ranks", code=2)
     torch.set_num_threads(cfg.threads or common.default_threads())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
     pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
-    encoder, tok = resume_from.model if resume_from else build_model(cfg, rank, world)
+    encoder, tok = resume_from.model if resume_from else build_model(cfg, procs)
     encoder.to(device).train()
-    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, rank, local, world), tok, cfg, encoder.config.max_tokens,
-                                  rank, world, quiet=rank != 0)
+    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, procs), tok, cfg, encoder.config.max_tokens, rank, world,
+                                  quiet=rank != 0)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
     if resume_from and resume_from.step >= total and not restarted():
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
+    common.init_process_group(procs, cfg.ddp_timeout)
     if rank == 0:
         common.prepare_run_folder(out, resume_from.step if resume_from else None)
     opt = make_optimizer(encoder, cfg, fused=device.type == "cuda")
-    chunks = Chunks(torch.compile(encoder, dynamic=True) if cfg.compile else encoder)
+    scaler = torch.amp.GradScaler(device.type, enabled=common.autocast_dtype(cfg.dtype, device) == torch.float16)
+    chunks = Chunks(encoder, compile=cfg.compile)
     if world > 1:  # gradients all-reduced in buckets during backward; the MLM head is unused under --no-mlm
         chunks = DDP(chunks, device_ids=[device.index] if device.type == "cuda" else None,
                      find_unused_parameters=not cfg.mlm)
-    run = Run(cfg, out, encoder, chunks, tok, opt, batches, total, rank=rank, world=world)
+    run = Run(cfg, out, encoder, chunks, tok, opt, scaler, batches, total, rank=rank, world=world)
     if resume_from:
-        opt.load_state_dict(resume_from.state["optimizer"])
+        load_optimizer(opt, resume_from.state["optimizer"])
+        if scaler.is_enabled() and "scaler" in resume_from.state:
+            scaler.load_state_dict(resume_from.state["scaler"])
         run.step, run.best, run.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
         common.say(rank, f"resuming at step {run.step} from {run.last_good}")
-    if pairs:
-        run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs)
+    if pairs:  # scored as embed.py would embed on this device (its --dtype auto)
+        run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs,
+                                         dtype=common.autocast_dtype("auto", device))
     common.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of "
                      f"{cfg.docs_per_step} documents, {total / batches.steps_per_epoch:.1f} passes over its "
                      f"{len(batches.docs):,} documents")
     return run
 
 
-def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
+def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
     """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing."""
     if not cfg.data and not cfg.resume:
-        cfg = demo_config(cfg, rank, world)
+        cfg = demo_config(cfg, procs)
     if cfg.resume and not cfg.out:  # the newest of the default run folders: `python train.py --resume` after the demo
         cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: common.newest_mtime(Path(d)))))
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or DEFAULT_OUTS[0])
@@ -451,7 +512,7 @@ def run_folder(cfg: TrainConfig, given: set, rank: int, world: int):
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
     if cfg.resume or restarted():
-        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False), rank)
+        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False), procs.rank)
         if found:
             resume_from = Resume(*found)
             return resumed_config(cfg, given, resume_from), out, resume_from
@@ -483,30 +544,29 @@ def resumed_config(cfg: TrainConfig, given: set, resume_from: Resume) -> TrainCo
     return replace(stored, **{**{k: getattr(cfg, k) for k in given & RESUMABLE}, "resume": True, "out": cfg.out})
 
 
-def build_model(cfg: TrainConfig, rank: int, world: int):
-    """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0."""
+def build_model(cfg: TrainConfig, procs: common.Processes):
+    """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0, and the others
+    take it from there."""
     if not cfg.model.startswith("scratch:"):
-        return load_pretrained(cfg.model, verbose=rank == 0)
+        return load_pretrained(cfg.model, verbose=procs.rank == 0)
     shape = cfg.model.removeprefix("scratch:")
-    tok_json = [None]
-    if rank == 0:
+
+    def train_bpe() -> str:
         texts = common.document_texts(cfg.data, clean=not cfg.keep_whitespace)
-        tok_json = [train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet=False).to_str()]
-    if world > 1:
-        dist.broadcast_object_list(tok_json, src=0)
-    tok = Tokenizer.from_str(tok_json[0])
+        return train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet=False).to_str()
+
+    tok = Tokenizer.from_str(common.made_once(procs.store, "tokenizer", train_bpe, maker=procs.rank == 0))
     return scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
 
 
-def corpus_for_run(cfg: TrainConfig, tok, rank: int, local: int, world: int) -> sampler.Corpus:
-    """One process per machine tokenises; the others wait for it, then find its cache."""
-    if local == 0:
-        corpus = sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=rank != 0, clean=not cfg.keep_whitespace)
-    if world > 1:
-        dist.barrier()
-    if local != 0:
-        corpus = sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=True, clean=not cfg.keep_whitespace)
-    return corpus
+def corpus_for_run(cfg: TrainConfig, tok, procs: common.Processes) -> sampler.Corpus:
+    """One process per machine tokenises; the others wait for it, then read its cache."""
+
+    def prepare() -> str:
+        clean = not cfg.keep_whitespace
+        return str(sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=procs.rank != 0, clean=clean).dir)
+
+    return sampler.Corpus(Path(common.made_once(procs.store, f"corpus/{procs.node}", prepare, procs.local == 0)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -531,15 +591,14 @@ DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=
             ckpt_every=200)
 
 
-def demo_config(cfg: TrainConfig, rank: int, world: int) -> TrainConfig:
+def demo_config(cfg: TrainConfig, procs: common.Processes) -> TrainConfig:
     defaults = TrainConfig()
     cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
-    if rank == 0:
-        common.demo_corpus(cfg.cache_dir)  # written once, by one process
-    if world > 1:
-        dist.barrier()
-    cfg = replace(cfg, data=[str(common.demo_corpus(cfg.cache_dir))])
-    common.say(rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    # written once on each machine, by one process
+    folder = common.made_once(procs.store, f"demo-corpus/{procs.node}", lambda: str(common.demo_corpus(cfg.cache_dir)),
+                              procs.local == 0)
+    cfg = replace(cfg, data=[folder])
+    common.say(procs.rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
     return cfg
 
 

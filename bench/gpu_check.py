@@ -1,132 +1,455 @@
 """
-The GPU check, under 5 minutes on one GPU: bf16 parity with transformers, train tokens/s and peak memory against
-the original-style transformers step, and embed sentences/s against sentence-transformers. Run by
-bench/gpu_check.sh; prints one table per check. Baselines whose package is missing are reported as skipped.
+The one-shot GPU check: is the code right on a GPU, and how fast is it there? Run by bench/gpu_check.sh.
 
-    bash bench/gpu_check.sh
+    bash bench/gpu_check.sh                 # one GPU, under 10 minutes
+    bash bench/gpu_check.sh --dry-run       # on a CPU, small: every section that can run without a GPU, < 3 minutes
+
+Sections, each with its own time limit; each prints its results as they come and the whole is rewritten as JSON
+(--json, default runs/gpu_check.json) after every section, so that a timeout loses nothing:
+  a. CPU fp32 against the GPU in fp32 on the same weights and batch (embeddings; train_step's loss and gradients;
+     dropout off; padded and unpadded), and bf16 against fp32 on the GPU (cosine >= 0.999)
+  b. GradCache's gradient against the plain step's on the GPU with dropout on, eager and compiled
+  c. --compile against eager: the same losses, graph breaks and recompiles counted, step times
+  d. a one-rank NCCL process group: DDP(Chunks), no_sync, the gather's backward, broadcast_object_list, barrier
+  e. train.py --steps 30, distilroberta-base shape, N=16: tokens/s, MFU against the GPU's bf16 peak, peak memory,
+     chunks and host-GPU synchronisations per step (torch.cuda.set_sync_debug_mode)
+  f. which attention kernel runs for the encoder's masked attention
+  g. embed.encode sentences/s, and the STS-B dev score on the GPU against the CPU's (within 0.1)
+  h. packed attention (torch.nn.attention.varlen.varlen_attn over the concatenated spans, cumulative lengths from
+     the host) against the padded path: tokens/s and the gradient
+Models are random-init (the distilroberta-base shape on a GPU, tiny in a dry run) with a BPE trained on the check's
+documents: 32 Gutenberg books under DECLUTR_SHARED if there, else Python's own docstrings joined into long
+documents. (g) scores all-MiniLM-L6-v2 on STS-B dev when DECLUTR_SHARED has them.
 """
+import argparse
+import contextlib
+import json
+import math
 import os
-import statistics
+import platform
+import signal
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-import embed as E  # noqa: E402
-import hub as H  # noqa: E402
-import model as M  # noqa: E402
-import sampler as S  # noqa: E402
-import train as T  # noqa: E402
+import common  # noqa: E402
+import embed  # noqa: E402
+import evaluate_sts  # noqa: E402
+import loss  # noqa: E402
+import model  # noqa: E402
+import sampler  # noqa: E402
+import train  # noqa: E402
+from hub import train_tokenizer  # noqa: E402
 
-dev = torch.device(os.environ.get("GPU_CHECK_DEVICE", "cuda"))  # "cpu" for a dry run of the script itself
-DOCS = int(os.environ.get("GPU_CHECK_DOCS", "16"))  # a dry run on a CPU: GPU_CHECK_DOCS=1 GPU_CHECK_TEXTS=200
-TEXTS = int(os.environ.get("GPU_CHECK_TEXTS", "4000"))
-sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}  # dense, datasheets
 
 
-def timed(fn, repeats=5):
-    fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        sync()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+class Check:
+    """The state the sections share: device, sizes, documents, tokenizer, and the results so far."""
+
+    def __init__(self, dry: bool, out: Path):
+        self.dry, self.out, self.results = dry, out, {}
+        self.dev = torch.device("cpu" if dry else "cuda")
+        self.shape = "tiny" if dry else "distilroberta-base"
+        self.docs_per_step, self.max_span = (4, 64) if dry else (16, 510)
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        self.docs = documents(self.tmp / "docs", 12 if dry else 32)
+        texts = common.document_texts([self.docs], max_chars=(2 if dry else 40) << 20)
+        self.tok = train_tokenizer(texts, 4096 if dry else 50265)
+        self.corpus = sampler.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"), quiet=True)
+        self.cfg = train.TrainConfig(docs_per_step=self.docs_per_step, min_span=16 if dry else 32,
+                                     max_span=self.max_span, chunk_tokens=16384)
+        self.batches = sampler.SpanBatches(self.corpus, self.tok, self.cfg, 512, quiet=True)
+
+    def encoder(self, dropout: bool = False, seed: int = 0):
+        enc = model.scratch_encoder(self.shape, self.tok.get_vocab_size(), seed)
+        if not dropout:
+            for m in enc.modules():
+                if isinstance(m, (torch.nn.Dropout, model.SelfAttention)):
+                    m.p = 0.0
+        return enc.to(self.dev).train()
+
+    def sync(self):
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def record(self, section: str, **values):
+        self.results.setdefault(section, {}).update(values)
+        for k, v in values.items():
+            print(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}", flush=True)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+
+
+def documents(folder: Path, n: int) -> Path:
+    """n long documents: Gutenberg books if the shared assets are here, else Python's docstrings joined up."""
+    folder.mkdir(parents=True)
+    books = sorted((SHARED / "data" / "corpus" / "gutenberg").glob("*.txt"))[:n]
+    if len(books) == n:
+        for b in books:
+            (folder / b.name).write_bytes(b.read_bytes())
+        return folder
+    text = "\n\n".join(p.read_text() for p in sorted(common.demo_corpus("").glob("*.txt")))
+    size = len(text) // n
+    for i in range(n):
+        (folder / f"{i}.txt").write_text(text[i * size:(i + 1) * size])
+    return folder
+
+
+def grads(enc) -> dict:
+    return {n: p.grad.detach().float().cpu().clone() for n, p in enc.named_parameters() if p.grad is not None}
+
+
+def worst_relative(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp(min=1e-12)) for n in b)
+
+
+def step(check: Check, enc, batch, **overrides) -> dict:
+    enc.zero_grad(set_to_none=True)
+    cfg = train.TrainConfig(**{**check.cfg.__dict__, **overrides})
+    stats = train.train_step(train.Chunks(enc, compile=overrides.get("compile", False)), batch, cfg)
+    return {"loss": float(stats["contrastive"] + stats["mlm"]), "grads": grads(enc)}
+
+
+# -----------------------------------------------------------------------------------------------
+# The sections
+
+
+def parity(check: Check):
+    """(a) the GPU in fp32 against the CPU on the same weights; bf16 against fp32 on the GPU."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 here
+    cpu = check.encoder().cpu()
+    gpu = check.encoder().to(check.dev)
+    gpu.load_state_dict(cpu.state_dict())
+    batch = check.batches[0]
+    ids, mask = batch["anchors"], batch["anchor_mask"]
+    full = batch["anchors"][:4, :int(batch["anchor_lengths"][:4].min())]  # cut to the shortest: no padding
+    with torch.no_grad():
+        for name, (x, m) in {"padded": (ids, mask), "unpadded": (full, torch.ones_like(full))}.items():
+            a, b = cpu.embed(x, m), gpu.embed(x.to(check.dev), m.to(check.dev)).cpu()
+            check.record("a", **{f"embeddings_{name}_max_abs_diff": float((a - b).abs().max()),
+                                 f"embeddings_{name}_min_cosine": float(torch.cosine_similarity(a, b).min())})
+    ref = step(check, cpu, batch, dtype="fp32")
+    got = step(check, gpu, batch, dtype="fp32")
+    check.record("a", train_step_loss_cpu=ref["loss"], train_step_loss_gpu=got["loss"],
+                 train_step_worst_relative_grad_diff=worst_relative(got["grads"], ref["grads"]))
+    with torch.no_grad():
+        x, m = ids.to(check.dev), mask.to(check.dev)
+        e32 = gpu.embed(x, m)
+        with torch.autocast(check.dev.type, dtype=torch.bfloat16):
+            e16 = gpu.embed(x, m).float()
+    cos = float(torch.cosine_similarity(e16, e32).min())
+    r = check.results["a"]
+    check.record("a", bf16_vs_fp32_min_cosine=cos, bf16_ok=cos >= 0.999,
+                 passed=cos >= 0.999 and r["train_step_worst_relative_grad_diff"] <= 1e-3
+                 and min(r["embeddings_padded_min_cosine"], r["embeddings_unpadded_min_cosine"]) >= 0.99999)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+
+def grad_cache(check: Check):
+    """(b) GradCache = the plain step, with dropout on (the RNG replay), eager and compiled."""
+    batch = check.batches[1]
+    for compiled in (False, True):
+        enc = check.encoder(dropout=True)
+        torch.manual_seed(3)
+        plain = step(check, enc, batch, chunk_tokens=2048, compile=compiled)
+        torch.manual_seed(3)
+        cached = step(check, enc, batch, chunk_tokens=2048, grad_cache=True, compile=compiled)
+        check.record("b", **{f"{'compiled' if compiled else 'eager'}_worst_relative_grad_diff":
+                             worst_relative(cached["grads"], plain["grads"])})
+    check.record("b", passed=all(v <= 1e-3 for v in check.results["b"].values()))
+
+
+def compile_check(check: Check):
+    """(c) --compile against eager: losses and gradients, graph breaks, recompiles, step time."""
+    import torch._dynamo as dynamo
+
+    dynamo.utils.counters.clear()
+    eager, compiled = check.encoder(), check.encoder()
+    compiled.load_state_dict(eager.state_dict())
+    times = {"eager": [], "compiled": []}
+    for i in range(4):
+        batch = check.batches[2 + i]
+        for name, enc in (("eager", eager), ("compiled", compiled)):
+            check.sync()
+            t = time.perf_counter()
+            out = step(check, enc, batch, compile=name == "compiled")
+            check.sync()
+            times[name].append(time.perf_counter() - t)
+            if name == "eager":
+                ref = out
+        check.record("c", **{f"batch{i}_loss_diff": abs(out["loss"] - ref["loss"]),
+                             f"batch{i}_worst_relative_grad_diff": worst_relative(out["grads"], ref["grads"])})
+        with torch.no_grad():  # the same update on both, so the next batch compares the same weights again
+            for p in eager.parameters():
+                p.add_(p.grad, alpha=-1e-4)
+            for p in compiled.parameters():
+                p.add_(p.grad, alpha=-1e-4)
+    counters = dynamo.utils.counters
+    check.record("c", graph_breaks=sum(counters["graph_break"].values()),
+                 graph_break_reasons=dict(counters["graph_break"]), unique_graphs=counters["stats"]["unique_graphs"],
+                 eager_step_s=float(np.median(times["eager"][1:])),
+                 compiled_step_s=float(np.median(times["compiled"][1:])), first_compiled_step_s=times["compiled"][0])
+    diffs = [v for k, v in check.results["c"].items() if k.endswith("grad_diff")]
+    check.record("c", passed=check.results["c"]["graph_breaks"] == 0 and max(diffs) <= 1e-3
+                 and check.results["c"]["unique_graphs"] <= 8)
+
+
+def ddp(check: Check):
+    """(d) a one-rank process group (NCCL on a GPU): DDP(Chunks), no_sync under GradCache, the gather's backward,
+    broadcast_object_list, barrier; DDP's gradient against the bare step's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    store = dist.HashStore()
+    cuda = check.dev.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=0, world_size=1,
+                            device_id=check.dev if cuda else None)
+    try:
+        batch = check.batches[6]
+        enc = check.encoder()
+        ref = step(check, enc, batch)
+        for grad_cache_on in (False, True):
+            enc.zero_grad(set_to_none=True)
+            chunks = DDP(train.Chunks(enc), device_ids=[check.dev.index or 0] if cuda else None)
+            cfg = train.TrainConfig(**{**check.cfg.__dict__, "grad_cache": grad_cache_on, "chunk_tokens": 2048})
+            train.train_step(chunks, batch, cfg, world=1)
+            check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
+                                 worst_relative(grads(enc), ref["grads"])})
+            del chunks
+        x = torch.randn(6, 8, device=check.dev, requires_grad=True)
+        out = loss._Gather.apply(x)  # the all_gather whose backward all-reduces (identity on one rank)
+        (out * torch.arange(48.0, device=check.dev).view(6, 8)).sum().backward()
+        gather_ok = torch.equal(out, x) and torch.equal(x.grad, torch.arange(48.0, device=check.dev).view(6, 8))
+        objects = [None]
+        if dist.get_rank() == 0:
+            objects = [{"tokenizer": "json"}]
+        dist.broadcast_object_list(objects, src=0)
+        dist.barrier()
+        r = check.results["d"]
+        check.record("d", backend=dist.get_backend(), gather_backward_ok=gather_ok,
+                     broadcast_object_list_ok=objects == [{"tokenizer": "json"}], barrier_ok=True,
+                     passed=gather_ok and objects == [{"tokenizer": "json"}]
+                     and max(r["ddp_worst_relative_grad_diff"], r["ddp_grad_cache_worst_relative_grad_diff"]) <= 1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_run(check: Check):
+    """(e) train.py's own loop for 30 steps (5 in a dry run): tokens/s, MFU, peak memory, chunks and syncs per step."""
+    steps = 5 if check.dry else 30
+    folder = check.tmp / "init"
+    model.save_pretrained(check.encoder(dropout=True).cpu(), check.tok, folder)
+    chunk_counts, sync_warnings = [], []
+    real_groups, real_step, real_opt = train.length_groups, train.train_step, train.optimizer_step
+
+    def counting_groups(*a, **k):
+        groups = real_groups(*a, **k)
+        chunk_counts.append(len(groups))
+        return groups
+
+    def counted(fn):  # host-GPU synchronisations inside the step itself (the loop's one read for the log is apart)
+        def wrapped(*a, **k):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = fn(*a, **k)
+            sync_warnings.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+            return out
+        return wrapped
+
+    train.length_groups, train.train_step, train.optimizer_step = counting_groups, counted(real_step), counted(real_opt)
+    if check.dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        train.main(["--model", str(folder), "--data", str(check.docs), "--out", str(check.tmp / "run"),
+                    "--steps", str(steps), "--docs-per-step", str(check.docs_per_step), "--min-span", "32",
+                    "--max-span", str(check.max_span), "--cache-dir", str(check.tmp / "cache"), "--log-every", "10",
+                    "--ckpt-every", "1000", "--workers", "4" if not check.dry else "0", "--lr", "1e-4"])
+    finally:
+        train.length_groups, train.train_step, train.optimizer_step = real_groups, real_step, real_opt
+        if check.dev.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+    recs = [json.loads(line) for line in (check.tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    later = recs[len(recs) // 3:]  # past the first steps' allocations (and compilation, with --compile)
+    tokens_per_s = float(np.median([r["tokens_per_s"] for r in later]))
+    cfg = model.ModelConfig(**{**model.scratch_shape(check.shape), "vocab_size": check.tok.get_vocab_size()})
+    flops_per_token = train_flops_per_token(cfg, check, steps)
+    name = torch.cuda.get_device_name() if check.dev.type == "cuda" else platform.processor() or "cpu"
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), float(os.environ.get("GPU_PEAK_FLOPS", "nan")))
+    check.record("e", device=name, steps=steps, tokens_per_s=tokens_per_s,
+                 model_tflops_per_s=tokens_per_s * flops_per_token / 1e12,
+                 mfu=tokens_per_s * flops_per_token / peak if math.isfinite(peak) else "n/a (peak unknown)",
+                 peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if check.dev.type == "cuda" else "n/a",
+                 chunks_per_step=float(np.mean(chunk_counts)) if chunk_counts else "n/a",
+                 syncs_per_step_in_the_step=len(sync_warnings) / steps if check.dev.type == "cuda" else "n/a (CPU)",
+                 sync_examples=sorted(set(sync_warnings))[:3], last_losses=(recs[-1]["contrastive"], recs[-1]["mlm"]),
+                 passed=not sync_warnings and all(math.isfinite(r["contrastive"] + r["mlm"]) for r in recs))
+
+
+def train_flops_per_token(cfg, check: Check, steps: int) -> float:
+    """Model FLOPs per real token of the run's own batches: 6 per weight for the token-wise layers, attention's
+    QK^T and AV (T per token, fwd + bwd), and the MLM head on the masked tokens."""
+    d, layers, ff, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    per_token = 6 * layers * (4 * d * d + 2 * d * ff)
+    total_tokens = total = 0.0
+    for i in range(steps):
+        b = check.batches[i]
+        lengths = torch.cat([b["anchor_lengths"], b["positive_lengths"]]).double()
+        total_tokens += float(lengths.sum())
+        total += per_token * float(lengths.sum()) + 12 * layers * d * float((lengths ** 2).sum())
+        total += 6 * float((b["mlm_labels"] != -100).sum()) * (d * d + d * vocab)
+    return total / total_tokens
+
+
+def attention_kernel(check: Check):
+    """(f) the kernels the encoder's masked attention runs, from the profiler."""
+    enc = check.encoder().eval()
+    b = check.batches[0]
+    x, m = b["anchors"].to(check.dev), b["anchor_mask"].to(check.dev)
+    activity = [torch.profiler.ProfilerActivity.CPU]
+    if check.dev.type == "cuda":
+        activity.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.no_grad(), torch.autocast(check.dev.type, dtype=torch.bfloat16, enabled=check.dev.type == "cuda"):
+        enc.embed(x, m)
+        with torch.profiler.profile(activities=activity) as prof:
+            enc.embed(x, m)
+            check.sync()
+    words = ("attention", "fmha", "flash", "sdpa", "softmax")
+    names = sorted({e.key for e in prof.key_averages() if any(w in e.key.lower() for w in words)})
+    fused = any(w in n.lower() for n in names for w in ("fmha", "efficient", "cudnn", "flash"))
+    check.record("f", attention_kernels=names, passed=fused or check.dev.type != "cuda")
+
+
+def embedding(check: Check):
+    """(g) embed.encode sentences/s on the device; STS-B dev on the device against the CPU."""
+    minilm, stsb = SHARED / "models" / "all-MiniLM-L6-v2", SHARED / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
+    if minilm.exists() and stsb.exists():
+        enc, tok = model.load_pretrained(str(minilm), verbose=False)
+        pairs, what = evaluate_sts.load_stsb_dev(stsb), "all-MiniLM-L6-v2 on STS-B dev"
+    else:  # a random model: its scores are noise, but CPU and GPU fp32 must still agree
+        enc, tok = check.encoder().cpu().eval(), check.tok
+        sents = [s for s in " ".join(common.document_texts([check.docs], max_chars=1 << 20)).split(". ") if s][:3000]
+        rng = np.random.default_rng(0)
+        pairs, what = (sents[:1500], sents[1500:3000], rng.random(1500)), "a random model on docstring sentences"
+    texts = pairs[0] + pairs[1]
+    cpu = evaluate_sts.spearman_of(enc.cpu(), tok, pairs)
+    enc.to(check.dev)
+    device, dtype = embed.device_and_dtype(check.dev.type, "auto")
+    on_device = evaluate_sts.spearman_of(enc, tok, pairs, dtype=dtype)
+    fp32 = evaluate_sts.spearman_of(enc, tok, pairs)
+    embed.encode(texts[:256], enc, tok, dtype=dtype)
+    check.sync()
+    t = time.perf_counter()
+    embed.encode(texts, enc, tok, dtype=dtype)
+    check.sync()
+    check.record("g", scored=what, cpu_fp32=cpu, device_auto_dtype=on_device, device_fp32=fp32,
+                 auto_dtype=str(dtype), within_0_1=abs(on_device - cpu) <= 0.1 and abs(fp32 - cpu) <= 0.1,
+                 sentences_per_s=len(texts) / (time.perf_counter() - t),
+                 passed=abs(on_device - cpu) <= 0.1 and abs(fp32 - cpu) <= 0.1 if "MiniLM" in what
+                 else abs(fp32 - cpu) <= 0.1)
+
+
+def packed_attention(check: Check):
+    """(h) varlen_attn over the concatenated real tokens against the padded path: tokens/s and gradient (dropout off:
+    varlen_attn has none). Adopted only if faster with the same gradient; this section only measures."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    def packed_forward(self, x, mask, real, B, T):
+        H = x.shape[-1]
+        lengths = mask.view(B, T).sum(1) if mask is not None else torch.full((B,), T, device=x.device)
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()
+        q, k, v = self.qkv(x).view(-1, 3, self.n_head, H // self.n_head).unbind(1)  # 3 x (N, nh, hd)
+        y = varlen_attn(q, k, v, cu, cu, T, T).reshape(-1, H)
+        return self.ln(x + self.drop(self.out(y)))
+
+    batch = check.batches[7]
+    padded_fn = model.SelfAttention.forward
+    results = {}
+    for name, fwd in (("padded", padded_fn), ("packed", packed_forward)):
+        model.SelfAttention.forward = fwd
+        try:
+            enc = check.encoder()
+            step(check, enc, batch, dtype="bf16")
+            check.sync()
+            t = time.perf_counter()
+            for _ in range(3):
+                out = step(check, enc, batch, dtype="bf16")
+            check.sync()
+            results[name] = (out, 3 * int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
+                             / (time.perf_counter() - t))
+        finally:
+            model.SelfAttention.forward = padded_fn
+    check.record("h", padded_tokens_per_s=results["padded"][1], packed_tokens_per_s=results["packed"][1],
+                 worst_relative_grad_diff_bf16=worst_relative(results["packed"][0]["grads"],
+                                                              results["padded"][0]["grads"]))
+    same = check.results["h"]["worst_relative_grad_diff_bf16"] <= 2e-2  # bf16 against bf16, dropout off
+    check.record("h", adopt=same and results["packed"][1] > results["padded"][1], passed=same)
+
+
+SECTIONS = {"a": (parity, 60), "b": (grad_cache, 150), "c": (compile_check, 150), "d": (ddp, 60),
+            "e": (train_run, 180), "f": (attention_kernel, 30), "g": (embedding, 90), "h": (packed_attention, 60)}
+
+
+class TimeLimit(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int):
+    def stop(signum, frame):
+        raise TimeLimit(f"over its {seconds} s")
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
 
 
 def main():
-    import transformers
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU (dry run)"
-    print(f"{name}, torch {torch.__version__}, transformers {transformers.__version__}")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    d = tempfile.mkdtemp()
-    torch.manual_seed(0)
-    c = transformers.RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
-                                   intermediate_size=3072, max_position_embeddings=514)
-    transformers.RobertaForMaskedLM(c).save_pretrained(d)
-    texts = [f"sentence number {i} about {'many ' * (i % 40)}things" for i in range(max(TEXTS, 4000))]
-    tok = H.train_tokenizer(texts, 2000)
-    tok.save(d + "/tokenizer.json")
-    ours, _ = M.load_pretrained(d, verbose=False)
-    hf = transformers.RobertaForMaskedLM.from_pretrained(d).to(dev)
-    words = " ".join(texts).split()
-    for i in range(32):  # 32 documents of ~4,000 words: every one long enough for A=2 anchors of 512 tokens
-        Path(d, "docs").mkdir(exist_ok=True)
-        Path(d, "docs", f"{i}.txt").write_text(" ".join(words[(i * 997) % 1000:][:4000]))
-    corpus = S.prepare_corpus([Path(d, "docs")], tok, d + "/cache", quiet=True)
-    ours.to(dev)
-
-    # 1. bf16 parity on a padded batch of spans
-    ids = torch.randint(3, 2000, (8, 384), device=dev)
-    lengths = torch.randint(32, 385, (8,), device=dev)
-    mask = (torch.arange(384, device=dev)[None] < lengths[:, None]).long()
-    ids = ids.masked_fill(mask == 0, 1)
-    ours.eval()
-    hf.eval()
-    with torch.no_grad(), torch.autocast(dev.type, torch.bfloat16):
-        a = M.mean_pool(ours(ids, mask).float(), mask)
-        ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
-        b = M.mean_pool(ref.float(), mask)
-    cos = torch.nn.functional.cosine_similarity(a, b).min().item()
-    print(f"\n| bf16 autocast parity, distilroberta-base shape | lowest cosine of mean-pooled embeddings: {cos:.5f} |")
-
-    # 2. a train step: N=16 documents, A=P=2, bf16, against the original way (padded, full-vocabulary MLM)
-    cfg = T.TrainConfig(dtype="bf16")
-    scfg = S.SamplerConfig(docs_per_step=DOCS, min_span=32, max_span=510)
-    batch = S.SpanBatches(corpus, tok, scfg, 512, quiet=True)[0]
-    gb = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-    real = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
-    ours.train()
-    hf.train()
-    from train_step import original_step
-
-    rows = []
-    for name, fn in (("train.py", lambda: T.train_step(T.Chunks(ours), batch, cfg)),
-                     ("transformers, padded (original)", lambda: original_step_bf16(original_step, hf, gb))):
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        sec = timed(fn, 3)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
-        rows.append((name, real / sec, peak))
-        ours.zero_grad(set_to_none=True)
-        hf.zero_grad(set_to_none=True)
-    print(f"\n| train step, N={DOCS}, A=P=2, bf16 | real tokens/s | peak GB |\n|---|---|---|")
-    for name, tps, gb_ in rows:
-        print(f"| {name} | {tps:,.0f} | {gb_:.1f} |")
-    print(f"ratio: {rows[0][1] / rows[1][1]:.2f}x tokens/s")
-
-    # 3. embedding sentences/s against sentence-transformers on the same weights
-    minilm = SHARED / "models/all-MiniLM-L6-v2"
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        print("\nembed: sentence-transformers not installed here, baseline skipped")
-        return
-    path = str(minilm) if minilm.exists() else d
-    model, mtok = M.load_pretrained(path, verbose=False)
-    model.to(dev).eval()
-    st = SentenceTransformer(path, device=dev.type)
-    texts = texts[:TEXTS]
-    t_st = timed(lambda: st.encode(texts, batch_size=32), 3)
-    t_ours = timed(lambda: E.encode(texts, model, mtok, dtype=torch.bfloat16 if dev.type == "cuda" else None), 3)
-    t_ours32 = timed(lambda: E.encode(texts, model, mtok), 3)
-    print(f"\n| embed {len(texts):,} sentences ({Path(path).name}) | sentences/s |\n|---|---|")
-    print(f"| sentence-transformers encode, batch 32, fp32 | {len(texts) / t_st:,.0f} |")
-    print(f"| embed.encode, fp32 | {len(texts) / t_ours32:,.0f} |")
-    print(f"| embed.encode, bf16 | {len(texts) / t_ours:,.0f} |")
-
-
-def original_step_bf16(step, hf, batch):
-    with torch.autocast(dev.type, torch.bfloat16):
-        step(hf, batch)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="on the CPU, small: every section that can run there")
+    ap.add_argument("--json", default=str(ROOT / "runs" / "gpu_check.json"), help="results, rewritten per section")
+    ap.add_argument("--sections", default="".join(SECTIONS), help="which sections, e.g. abd")
+    args = ap.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("no GPU here: bash bench/gpu_check.sh --dry-run runs the check on the CPU")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    t0 = time.time()
+    check = Check(args.dry_run, Path(args.json))
+    check.record("setup", device=torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)",
+                 torch=torch.__version__, python=platform.python_version(), shape=check.shape,
+                 setup_s=time.time() - t0)
+    for key in args.sections:
+        fn, limit = SECTIONS[key]
+        print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
+        if key == "h" and check.dev.type != "cuda":
+            check.record(key, status="skipped: varlen_attn runs on CUDA only")
+            continue
+        t = time.time()
+        try:
+            with time_limit(limit * (2 if check.dry else 1)):
+                fn(check)
+            check.record(key, status="ok", seconds=time.time() - t)
+        except Exception as e:  # a section that fails is reported, and the next one runs
+            print(traceback.format_exc(limit=-3), flush=True)
+            check.record(key, status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                         seconds=time.time() - t)
+    summary = {k: ("pass" if v.get("passed") else v.get("status", "?") if v.get("status") != "ok" else "FAIL")
+               for k, v in check.results.items() if k != "setup"}
+    check.record("summary", **summary)
+    print(f"\ndone in {time.time() - t0:.0f}s; results in {check.out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,6 @@ TRAIN_FLAGS = [
     (["--keep-ckpts", "-1"], "--keep-ckpts -1: must be at least 1"),
     (["--warmup-frac", "1.5"], "--warmup-frac 1.5: must be between 0 and 1"),
     (["--dtype", "bogus"], "argument --dtype: invalid choice: 'bogus'"),
-    (["--dtype", "fp16"], "argument --dtype: invalid choice: 'fp16'"),
     (["--docs-per-step", "1", "--num-anchors", "1"], "needs at least 2 anchors a step, or it has no negative"),
     (["--no-mlm", "--no-contrastive"], "--no-mlm and --no-contrastive together leave nothing to train"),
     (["--resume"], "--resume and --overwrite"),

@@ -127,8 +127,8 @@ def test_a_failure_midway_leaves_no_output(tmp_path, tiny, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    real = E.encode
-    monkeypatch.setattr(E, "encode", dying)
+    real = E.embed_tokenized
+    monkeypatch.setattr(E, "embed_tokenized", dying)
     with pytest.raises(KeyboardInterrupt):
         E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--block", "1"])
     assert not (tmp_path / "o.npy").exists() and not list(tmp_path.glob(".o.npy*"))

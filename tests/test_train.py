@@ -215,7 +215,8 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
 
     monkeypatch.setattr(C, "torch_save", dying_save)
     with pytest.raises(KeyboardInterrupt):
-        T.save_checkpoint(tmp_path / "r", model, tok, opt, 4, T.TrainConfig(), {})
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        T.save_checkpoint(T.Run(T.TrainConfig(), tmp_path / "r", model, None, tok, opt, scaler, None, 4, step=4))
     monkeypatch.undo()
     ck = C.checkpoints(tmp_path / "r")
     assert [c.name for c in ck] == ["step-00000002"]
@@ -308,8 +309,8 @@ def test_bad_input(tmp_path, docs, capsys):
 def test_nan_names_the_last_good_checkpoint(tmp_path, docs, capsys, monkeypatch, bad_step):
     real = T.train_step
 
-    def step(model, batch, cfg, world=1):
-        s = real(model, batch, cfg, world)
+    def step(model, batch, cfg, world=1, scaler=None):
+        s = real(model, batch, cfg, world, scaler)
         return {**s, "mlm": float("inf")} if batch["step"] == bad_step else s
 
     monkeypatch.setattr(T, "train_step", step)

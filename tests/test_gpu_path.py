@@ -1,0 +1,214 @@
+"""What a GPU run meets, proved on a CPU: preparation that outlasts the collectives' timeout, more processes than
+GPUs, fp16 with its loss scaler, --compile against eager, the optimizer of the device a run resumes on, one dtype
+rule for embed.py and evaluate_sts.py, and the step's host-side plan against the device-side way of finding it."""
+import copy as copy_module
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import embed
+import evaluate_sts
+import model as M
+import train as T
+from conftest import ROOT, synthetic_batch, tiny_encoder
+from test_train import assert_same, free_port, run_args, step_grads, torchrun, trace
+
+
+@pytest.mark.slow
+def test_preparation_longer_than_the_collective_timeout_finishes(tmp_path, docs):
+    """2 ranks on gloo, --ddp-timeout 3 s, tokenising the corpus takes 8 s more: no collective waits on it."""
+    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()),
+                                str(ROOT / "tests" / "slow_prepare.py"),
+                                *run_args(docs, tmp_path / "run", "--steps", "2", "--ddp-timeout", "3")),
+                       env={**os.environ, "SLOW_PREPARE_SECONDS": "8", "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [s for s, *_ in trace(tmp_path / "run")] == [1, 2]
+
+
+def test_more_processes_than_gpus_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="4").items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        T.main(["--data", "whatever"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "error: 4 processes on this machine but 2 GPU(s): start one process per GPU" in err
+    assert "--nproc_per_node=2" in err
+
+
+# --- precision -------------------------------------------------------------------------------------------------
+
+
+def test_auto_dtype_follows_the_gpu(monkeypatch):
+    """bf16 where the GPU has bf16 tensor cores, fp16 (with a loss scaler, in train.py) where it has not, fp32 on a
+    CPU; --dtype by hand wins."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    for has_bf16, want in ((True, torch.bfloat16), (False, torch.float16)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, b=has_bf16: b)
+        assert common.autocast_dtype("auto", cuda) == want
+    assert common.autocast_dtype("auto", cpu) is None and common.autocast_dtype("fp32", cuda) is None
+    assert common.autocast_dtype("fp16", cpu) == torch.float16 and common.autocast_dtype("bf16", cuda) == torch.bfloat16
+
+
+def test_fp16_step_and_its_loss_scaler_on_a_cpu():
+    """fp16 autocast with a GradScaler, on a CPU: the unscaled gradient is close to fp32's; a step whose gradient
+    overflowed changes no weight and halves the scale; the next, finite one trains and keeps the scale."""
+    batch, cfg = synthetic_batch(4, seed=6), T.TrainConfig(dtype="fp16", chunk_tokens=120)
+    fp32 = step_grads(tiny_encoder(), batch, chunk_tokens=120)
+    model = tiny_encoder()
+    opt = T.make_optimizer(model, cfg, fused=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    scaler.unscale_(opt)
+    half = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for name in ("layers.0.attn.qkv.weight", "layers.1.ffn.up.weight", "embeddings.word.weight", "mlm.dense.weight"):
+        rel = (half[name] - fp32[name]).norm() / fp32[name].norm()
+        assert rel < 0.05, (name, float(rel))  # fp16 has ~3 significant digits; a wrong scale is off by 1024x
+    opt.zero_grad(set_to_none=True)
+    scaler.update()  # ends the step above without taking it (as if an overflow check came next)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    scale = scaler.get_scale()
+    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    model.layers[0].ffn.up.weight.grad[0, 0] = float("inf")  # a gradient that overflowed in fp16
+    T.optimizer_step(opt, scaler, model, cfg.max_grad_norm)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the step was skipped
+    assert scaler.get_scale() == scale / 2
+    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    T.optimizer_step(opt, scaler, model, cfg.max_grad_norm)
+    assert not torch.equal(model.layers[0].ffn.up.weight, before["layers.0.ffn.up.weight"])  # this one trained
+    assert scaler.get_scale() == scale / 2
+
+
+def test_fp16_run_keeps_its_scaler_in_the_checkpoint(tmp_path, docs):
+    T.main(run_args(docs, tmp_path / "h", "--steps", "3", "--ckpt-every", "3", "--dtype", "fp16"))
+    assert all(np.isfinite([c + m for _, c, m in trace(tmp_path / "h")]))
+    state = common.read_train_state(tmp_path / "h" / "checkpoints" / "step-00000003")
+    assert state["scaler"]["scale"] > 0 and state["config"]["dtype"] == "fp16"
+    T.main(["--out", str(tmp_path / "h"), "--resume", "--steps", "4"])
+    assert [s for s, *_ in trace(tmp_path / "h")] == [1, 2, 3, 4]
+
+
+# --- --compile -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_compile_matches_eager_with_the_mlm_head_in_the_graph():
+    """torch.compile (inductor, on the CPU) of each chunk's forward: the same gradient as eager, with no graph break,
+    on two batches of different shapes; the MLM head runs inside the compiled graph."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    # spans of 30-36 tokens: one chunk per step, padded and holding anchors, so one graph serves both batches
+    batches = [synthetic_batch(n, seed=s, anchor_len=(30, 37), positive_len=(30, 37)) for n, s in ((4, 7), (3, 8))]
+    compiled = T.Chunks(tiny_encoder(), compile=True)
+    for batch in batches:
+        eager = step_grads(tiny_encoder(), batch)
+        compiled.encoder.zero_grad()
+        T.train_step(compiled, batch, T.TrainConfig())
+        assert_same({n: p.grad for n, p in compiled.encoder.named_parameters()}, eager)
+        assert compiled.encoder.mlm.dense.weight.grad.abs().max() > 0
+    assert sum(dynamo.utils.counters["graph_break"].values()) == 0, dict(dynamo.utils.counters["graph_break"])
+    assert dynamo.utils.counters["stats"]["unique_graphs"] == 1  # dynamic shapes: the second batch recompiles nothing
+
+
+# --- resuming on another device ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("saved_fused, here_fused", [(True, False), (False, True)])
+def test_resume_runs_the_adamw_of_its_device(saved_fused, here_fused):
+    """A run started on a CPU and resumed on a GPU steps with fused AdamW there, and the other way round: the stored
+    `fused` flag does not come back with the state (fused AdamW runs on CPUs too, so both ways are tried here)."""
+    cfg, batch = T.TrainConfig(), synthetic_batch(4, seed=9)
+    model = tiny_encoder()
+    saved = T.make_optimizer(model, cfg, fused=saved_fused)
+    step_grads(model, batch)
+    saved.step()
+    state = copy_module.deepcopy(saved.state_dict())  # as it comes back from train_state.pt: not shared with `saved`
+    copy = tiny_encoder()
+    copy.load_state_dict(model.state_dict())
+    here = T.make_optimizer(copy, cfg, fused=here_fused)
+    T.load_optimizer(here, state)
+    assert all(bool(g["fused"]) == here_fused for g in here.param_groups)
+    for opt, m in ((saved, model), (here, copy)):  # and the next step is the same with either
+        step_grads(m, batch)
+        opt.step()
+    for (n, a), b in zip(model.state_dict().items(), copy.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+
+
+# --- embed.py and evaluate_sts.py --------------------------------------------------------------------------------
+
+
+def test_evaluate_scores_the_embeddings_embed_writes(tmp_path):
+    """One --device/--dtype rule for both scripts, and the score evaluate_sts.py prints is the Spearman of the cosines
+    of the embeddings embed.py writes with its defaults (worked out here from the .npy by hand)."""
+    assert evaluate_sts.device_and_dtype is embed.device_and_dtype
+    assert embed.EmbedConfig().dtype == evaluate_sts.EvalConfig().dtype == "auto"
+    assert embed.EmbedConfig().device == evaluate_sts.EvalConfig().device == "auto"
+    texts = ["a man plays a guitar", "a woman sings a song", "the cat sat on the mat", "a dog runs in the park"]
+    M.save_pretrained(*M.from_scratch("tiny", [" ".join(texts)] * 30), tmp_path / "m")
+    pairs = [(0, 1, 3.0), (2, 3, 2.5), (0, 2, 0.5), (1, 3, 1.0), (0, 3, 2.0), (1, 2, 4.0)]
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text(
+        "".join(f"g\tf\t2012\t{k}\t{g}\t{texts[i]}\t{texts[j]}\n" for k, (i, j, g) in enumerate(pairs)))
+    (tmp_path / "t.txt").write_text("\n".join(texts) + "\n")
+    embed.main(["--model", str(tmp_path / "m"), str(tmp_path / "t.txt"), "--output", str(tmp_path / "e.npy")])
+    e = np.load(tmp_path / "e.npy")
+    cos = [e[i] @ e[j] / np.linalg.norm(e[i]) / np.linalg.norm(e[j]) for i, j, _ in pairs]
+    ranks = [np.argsort(np.argsort(x)) for x in (cos, [g for *_, g in pairs])]  # no ties here
+    want = 100 * np.corrcoef(*ranks)[0, 1]
+    evaluate_sts.main(["--model", str(tmp_path / "m"), "--data", str(tmp_path / "sts"), "--split", "dev",
+                       "--json", str(tmp_path / "r.json")])
+    assert abs(json.loads((tmp_path / "r.json").read_text())["STSB"]["spearman"] - want) < 1e-6
+
+
+# --- the step's plan, worked out on the host --------------------------------------------------------------------
+
+
+def test_the_host_side_plan_matches_the_device_side_way():
+    """Each chunk's real-token positions and MLM targets, worked out on the host from the lengths, equal what
+    nonzero() over the mask and the labels would find on the device; on a GPU the chunks follow the budget alone."""
+    batch, cfg = synthetic_batch(6, seed=11), T.TrainConfig(chunk_tokens=200)
+    spans = T.Spans(batch, cfg, tiny_encoder(), world=1)
+    assert sum(len(g) for g in spans.groups) == len(spans.lengths) > len(spans.groups) > 1
+    labels = torch.cat([batch["mlm_labels"], torch.full((len(batch["positives"]), batch["mlm_labels"].shape[1]), -100)])
+    for k, group in enumerate(spans.groups):
+        ids, mask, real, mlm_at, mlm_targets = spans.chunk(k)
+        T_k = ids.shape[1]
+        want_real = mask.flatten().nonzero().squeeze(1)
+        assert torch.equal(real, want_real) if real is not None else bool(mask.all())
+        chunk_labels = torch.nn.functional.pad(labels, (0, max(0, T_k - labels.shape[1])), value=-100)[group, :T_k]
+        picked = (chunk_labels != -100).flatten().nonzero().squeeze(1)
+        if mlm_at is None:
+            assert picked.numel() == 0
+        else:
+            assert torch.equal(mlm_at, picked) and torch.equal(mlm_targets, chunk_labels.flatten()[picked])
+    assert int(spans.part("n_masked")[0]) == int((batch["mlm_labels"] != -100).sum())
+    # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
+    gpu = T.length_groups(spans.lengths, 200, spread=0.0)
+    assert len(gpu) < len(spans.groups)
+    assert all(len(g) * spans.lengths[g].max() <= 200 < (len(g) + 1) * spans.lengths[g].max() for g in gpu[:-1])
+
+
+def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
+    """bench/gpu_check.py --dry-run: the sections that take seconds on a CPU (the whole dry run, with the compiled
+    ones, takes about two minutes: docs/gpu.md), each ok and right, the GPU-only one skipped, all in the JSON."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--sections", "adfh",
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert [res[k]["status"] for k in "adf"] == ["ok"] * 3 and res["h"]["status"].startswith("skipped")
+    assert res["summary"] == {"a": "pass", "d": "pass", "f": "pass", "h": res["h"]["status"]}
+    assert res["a"]["train_step_worst_relative_grad_diff"] == 0 and res["a"]["bf16_ok"]
+    assert res["d"]["ddp_grad_cache_worst_relative_grad_diff"] < 1e-5 and res["d"]["gather_backward_ok"]
+    assert any("scaled_dot_product" in k for k in res["f"]["attention_kernels"])
