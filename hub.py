@@ -10,21 +10,20 @@ no other file of the project but common.py.
   truncation; a byte-level BPE trained on the user's documents for models trained from scratch.
 """
 import hashlib
-import http.client
 import os
 import re
 import shutil
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+import huggingface_hub
+import huggingface_hub.errors as hf_errors
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import Progress, UserError, make_dirs, offline, pad_rows, read_json, write_atomic
+from common import Progress, UserError, offline, pad_rows, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -42,6 +41,11 @@ def load_tokenizer(d: Path) -> Tokenizer:
         _byte_level(tok)
     elif (d / "vocab.txt").exists():  # WordPiece, as BERT ships
         tok = _wordpiece(d)
+    elif (d / "sentencepiece.bpe.model").exists():  # XLM-R's and CamemBERT's SentencePiece file, without its JSON
+        convert = f"AutoTokenizer.from_pretrained('{d}').save_pretrained('{d}')"
+        raise UserError(f"{d}: only sentencepiece.bpe.model, and this project reads SentencePiece tokenizers from "
+                        f"tokenizer.json; write one once with transformers (needs sentencepiece): python -c \"from "
+                        f"transformers import AutoTokenizer; {convert}\"")
     else:
         raise UserError(f"{d}: no tokenizer.json, vocab.json + merges.txt, or vocab.txt")
     # all-MiniLM-L6-v2's tokenizer.json pads everything to 128 and truncates at 128: batching is ours to do.
@@ -146,27 +150,33 @@ def sentence_transformers_files(hidden_size: int, max_tokens: int) -> dict[str, 
 # config.json
 
 
+# model_type -> (the prefix of its tensor names, its transformers class). XLM-R and CamemBERT are RoBERTa's
+# architecture and tensor names under another model_type; BERT (and MiniLM) differs in token types, positions, eps.
+MODEL_TYPES = {"roberta": ("roberta", "RobertaForMaskedLM"), "xlm-roberta": ("roberta", "XLMRobertaForMaskedLM"),
+               "camembert": ("roberta", "CamembertForMaskedLM"), "bert": ("bert", "BertForMaskedLM")}
+
+
 def read_hf_config(path: Path, names: list[str]) -> dict:
     """The fields `names` of a Hugging Face config.json, with BERT's defaults where a BERT config leaves them out."""
     if not path.exists():
         raise UserError(f"{path.parent}: no config.json")
     d = read_json(path)
     kind = d.get("model_type")
-    if kind not in ("roberta", "bert"):
-        raise UserError(f"{path}: model_type {kind!r} is not supported (roberta or bert)")
+    if kind not in MODEL_TYPES:
+        raise UserError(f"{path}: model_type {kind!r} is not supported ({', '.join(MODEL_TYPES)})")
     if d.get("position_embedding_type", "absolute") != "absolute":
         raise UserError(f"{path}: position_embedding_type {d['position_embedding_type']!r} is not supported")
     need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"]
     if missing := [k for k in need if k not in d]:
         raise UserError(f"{path}: missing {', '.join(missing)}")
-    base = {} if kind == "roberta" else dict(pad_token_id=0, type_vocab_size=2, layer_norm_eps=1e-12,
-                                             max_position_embeddings=512, bos_token_id=None, eos_token_id=None)
+    base = {} if kind != "bert" else dict(pad_token_id=0, type_vocab_size=2, layer_norm_eps=1e-12,
+                                           max_position_embeddings=512, bos_token_id=None, eos_token_id=None)
     return {**base, **{k: d[k] for k in names if k in d}}
 
 
 def hf_config(fields: dict) -> dict:
     """config.json for transformers' AutoModel and AutoModelForMaskedLM (None fields left out)."""
-    arch = "RobertaForMaskedLM" if fields["model_type"] == "roberta" else "BertForMaskedLM"
+    arch = MODEL_TYPES[fields["model_type"]][1]
     return {"architectures": [arch], **{k: v for k, v in fields.items() if v is not None},
             "position_embedding_type": "absolute"}
 
@@ -181,14 +191,14 @@ IGNORED = re.compile(r"^(pooler\.|cls\.seq_relationship\.|embeddings\.(position_
                      r"lm_head\.decoder\.|cls\.predictions\.decoder\.)")
 
 
-def _hf_name(key: str, kind: str) -> str:
+def _hf_name(key: str, prefix: str) -> str:
     """Checkpoint key in the ForMaskedLM layout, whatever layout (bare encoder, old gamma/beta) it came in."""
     key = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))
-    return key if key.startswith((f"{kind}.", "lm_head.", "cls.")) else f"{kind}.{key}"
+    return key if key.startswith((f"{prefix}.", "lm_head.", "cls.")) else f"{prefix}.{key}"
 
 
-def read_safetensors(d: Path, kind: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint under its ForMaskedLM name (`kind`: roberta or bert), the unused ones left out."""
+def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint under its ForMaskedLM name (`prefix`: roberta or bert), the unused ones left out."""
     if (d / "model.safetensors").exists():
         files = [d / "model.safetensors"]
     elif (d / "model.safetensors.index.json").exists():
@@ -206,8 +216,8 @@ def read_safetensors(d: Path, kind: str) -> dict[str, torch.Tensor]:
                 out.update({k: s.get_tensor(k) for k in s.keys()})
         except (SafetensorError, OSError, RuntimeError) as e:
             raise UserError(f"{f}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
-    named = {_hf_name(k, kind): v for k, v in out.items()}
-    return {k: v for k, v in named.items() if not IGNORED.match(k.removeprefix(f"{kind}."))}
+    named = {_hf_name(k, prefix): v for k, v in out.items()}
+    return {k: v for k, v in named.items() if not IGNORED.match(k.removeprefix(f"{prefix}."))}
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]):
@@ -223,9 +233,9 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]):
 def convert_bin(name: str, out: str | None) -> Path:
     """`python model.py convert`: pytorch_model.bin (a local folder or a hub repo) -> model.safetensors, unpickled
     once with weights_only=True (tensors only, no code); config and tokenizer files are copied beside it."""
-    src = Path(name)
+    src = Path(name).expanduser()
     if not src.is_dir():
-        src = hub_download(name, files=HUB_FILES[:2] + (("pytorch_model.bin",),))
+        src = hub_download(*hub_id(name), files=HUB_FILES[:2] + (("pytorch_model.bin",),))
     dst = Path(out or src)
     if (dst / "model.safetensors").exists():
         raise UserError(f"{dst / 'model.safetensors'} exists already; remove it first or pass --out")
@@ -244,131 +254,112 @@ def convert_bin(name: str, out: str | None) -> Path:
 
 
 # -----------------------------------------------------------------------------------------------
-# The hub: plain HTTPS into $HF_HOME/hub, in huggingface_hub's folder layout (refs/REV -> snapshots/COMMIT).
+# The hub, through huggingface_hub: its cache ($HF_HOME/hub), tokens (HF_TOKEN, `hf auth login`) for private and
+# gated repos, revisions, resumed downloads, HF_ENDPOINT and HF_HUB_OFFLINE, read when a download starts.
 
 # What a checkpoint needs, each group satisfied by the first alternative the repo has.
-HUB_FILES = (("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "merges.txt")),
+HUB_FILES = (("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "merges.txt"), "sentencepiece.bpe.model"),
              ("model.safetensors", "model.safetensors.index.json"))
 
 
 def resolve(name: str, weights: bool = True) -> Path:
-    """A local directory as it is, or a hub id downloaded (config and tokenizer, plus weights if asked)."""
+    """A local directory as it is, or a hub id, `org/name` or `org/name@revision` (a branch, tag or commit),
+    downloaded: config and tokenizer, plus weights if asked. Its folder is named by the commit it holds."""
     d = Path(name).expanduser()
     if d.is_dir():
         return d
     if d.exists():
         raise UserError(f"{name}: not a directory (a model is a folder holding config.json and its weights)")
-    # A hub id is `name` or `org/name`; anything else, or a path under a folder that exists here, is local
-    hub_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) and not name.startswith(".")
-    if not hub_id or (len(d.parts) > 1 and d.parent.is_dir()):
+    return hub_download(*hub_id(name), files=HUB_FILES if weights else HUB_FILES[:2])
+
+
+def hub_id(name: str) -> tuple[str, str | None]:
+    """(repo, revision) of `name` or `org/name`, maybe @revision; anything else, or a path under a folder that exists
+    here, is a local folder that is not there."""
+    repo, _, revision = name.partition("@")
+    is_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) and not repo.startswith(".")
+    is_id = is_id and re.fullmatch(r"[\w./-]*", revision)
+    path = Path(name).expanduser()
+    if not is_id or (len(path.parts) > 1 and path.parent.is_dir()):
         raise UserError(f"{name}: no such folder")
-    return hub_download(name, files=HUB_FILES if weights else HUB_FILES[:2])
+    return repo, revision or None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None  # the first answer carries the file's size and sha256; the redirect target does not
-
-
-def _head(url: str):
-    try:
-        req = urllib.request.Request(url, method="HEAD")
-        return urllib.request.build_opener(_NoRedirect).open(req, timeout=30).headers
-    except urllib.error.HTTPError as e:
-        if 300 <= e.code < 400:
-            return e.headers
-        raise
-
-
-def _git_sha1(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-class _Repo:
-    """One hub repo at one revision, in the local cache."""
-
-    def __init__(self, repo: str, revision: str):
-        self.repo, self.revision = repo, revision
-        self.endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-        home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
-        self.root = home / "hub" / f"models--{repo.replace('/', '--')}"
-        self.ref = self.root / "refs" / revision
-        self.snap = self.root / "snapshots" / (self.ref.read_text().strip() if self.ref.exists() else revision)
-        self.instead = f"pass a local directory holding config.json, model.safetensors and tokenizer.json " \
-                       f"instead of {repo!r}"
-
-    def fetch(self, name: str) -> bool:
-        """The file in the snapshot, downloaded if need be; False if the repo does not have it (or offline)."""
-        if (self.snap / name).exists():
-            return True
-        if offline():
-            return False
-        url = f"{self.endpoint}/{self.repo}/resolve/{self.revision}/{name}"
-        try:
-            head = _head(url)
-            if commit := head.get("X-Repo-Commit"):
-                self.snap = self.root / "snapshots" / commit
-                if (self.snap / name).exists():
-                    return True
-            resp = urllib.request.urlopen(url, timeout=60)
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return False
-            raise UserError(f"{url}: HTTP {e.code} {e.reason}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise UserError(f"cannot reach {self.endpoint} ({getattr(e, 'reason', e)}); {self.instead}") from None
-        size = int(head.get("X-Linked-Size") or head.get("Content-Length") or -1)
-        etag = (head.get("X-Linked-Etag") or head.get("ETag") or "").removeprefix("W/").strip('"')
-        make_dirs((self.snap / name).parent, "set HF_HOME to a folder you can write")
-        # only a complete, verified file ever gets its real name
-        write_atomic(self.snap / name, lambda tmp: self._receive(resp, tmp, name, size, etag))
-        if self.snap.name != self.revision:
-            self.ref.parent.mkdir(parents=True, exist_ok=True)
-            self.ref.write_text(self.snap.name)
-        return True
-
-    def _receive(self, resp, tmp: Path, name: str, size: int, etag: str):
-        h, n, url = hashlib.sha256(), 0, f"{self.endpoint}/{self.repo}/resolve/{self.revision}/{name}"
-        progress = None
-        if size > 1 << 22:  # the weights: worth saying
-            progress = Progress("download", f"{self.repo}/{name}, {size / 2**20:,.0f} MiB, into {self.snap}")
-        with resp, open(tmp, "wb") as f:
-            while chunk := _read(resp, url):
-                f.write(chunk)
-                h.update(chunk)
-                n += len(chunk)
-                if progress:
-                    progress(f"{n / 2**20:,.0f} of {size / 2**20:,.0f} MiB")
-        if progress:
-            progress.done(f"{n / 2**20:,.0f} MiB in {time.time() - progress.t0:.0f}s")
-        if size >= 0 and n != size:
-            raise UserError(f"{url}: got {n} of {size} bytes")
-        if re.fullmatch(r"[0-9a-f]{64}", etag) and h.hexdigest() != etag:  # LFS files: sha256
-            raise UserError(f"{url}: sha256 {h.hexdigest()} differs from the server's {etag}")
-        if re.fullmatch(r"[0-9a-f]{40}", etag) and _git_sha1(tmp) != etag:  # small files: git's blob id
-            raise UserError(f"{url}: content differs from the server's git blob id {etag}")
-
-
-def _read(resp, url: str) -> bytes:
-    try:
-        return resp.read(1 << 20)
-    except (OSError, http.client.HTTPException) as e:
-        raise UserError(f"{url}: download failed ({e!r})") from None
-
-
-def hub_download(repo: str, revision: str = "main", files: tuple = ()) -> Path:
-    """The snapshot folder holding, for each group of `files`, the first alternative the repo has."""
-    r = _Repo(repo, revision)
-    for group in files or HUB_FILES:
+def hub_download(repo: str, revision: str | None = None, files: tuple = HUB_FILES) -> Path:
+    """The snapshot folder holding, for each group of `files`, the first alternative the repo has (and the shards an
+    index names)."""
+    folder = None
+    for group in files:
         for alt in group:
-            if all(r.fetch(f) for f in ((alt,) if isinstance(alt, str) else alt)):
+            names = (alt,) if isinstance(alt, str) else alt
+            got = [_fetch(repo, revision, f) for f in names]
+            if all(got):
+                folder = folder or got[0].parents[len(Path(names[0]).parts) - 1]  # the snapshot, named by its commit
                 if alt == "model.safetensors.index.json":
-                    for shard in sorted(set(read_json(r.snap / alt).get("weight_map", {}).values())):
-                        if not r.fetch(shard):
+                    for shard in sorted(set(read_json(got[0]).get("weight_map", {}).values())):
+                        if not _fetch(repo, revision, shard):
                             raise UserError(f"{repo}: shard {shard} is missing")
                 break
         else:
-            why = "HF_HUB_OFFLINE is set and it is not in the cache" if offline() else f"the hub has none of {group}"
-            raise UserError(f"{repo}: {why}; {r.instead}")
-    return r.snap
+            at = f"{repo}@{revision}" if revision else repo
+            if offline():
+                raise UserError(f"{at}: not in the cache ({hub_cache()}) and HF_HUB_OFFLINE is set; download it once "
+                                f"online, or pass a local folder holding config.json, its tokenizer and weights")
+            raise UserError(f"{at}: the repo has none of {', '.join(map(str, group))}")
+    return folder
+
+
+def hub_cache() -> Path:
+    """huggingface_hub's cache folder, as the environment says now (HF_HUB_CACHE, else $HF_HOME/hub)."""
+    home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
+    return Path(os.environ.get("HF_HUB_CACHE") or home / "hub").expanduser()
+
+
+def _fetch(repo: str, revision: str | None, filename: str) -> Path | None:
+    """One file of the repo in the local cache, downloaded if need be; None if the repo does not have it. Every
+    failure is one line naming the repo and what to do."""
+    at, endpoint = f"{repo}@{revision}" if revision else repo, os.environ.get("HF_ENDPOINT") or None
+    where = dict(revision=revision, cache_dir=hub_cache())
+    cached = huggingface_hub.try_to_load_from_cache(repo, filename, **where)
+    try:
+        path = Path(huggingface_hub.hf_hub_download(repo, filename, endpoint=endpoint, local_files_only=offline(),
+                                                    **where))
+    except hf_errors.LocalEntryNotFoundError:  # offline and not cached, or the hub unreachable and not cached
+        if offline():
+            return None
+        raise UserError(f"{at}: cannot reach {endpoint or 'huggingface.co'} and it is not in the cache; pass a local "
+                        f"directory holding config.json, model.safetensors and tokenizer.json instead") from None
+    except hf_errors.EntryNotFoundError:
+        return None
+    except hf_errors.GatedRepoError:
+        raise UserError(f"{at}: a gated repo; accept its terms on the hub, then set HF_TOKEN or run "
+                        f"`hf auth login`") from None
+    except hf_errors.RepositoryNotFoundError:
+        raise UserError(f"{at}: no such repo on {endpoint or 'huggingface.co'}, or a private one: set HF_TOKEN or "
+                        f"run `hf auth login`") from None
+    except hf_errors.RevisionNotFoundError:
+        raise UserError(f"{repo}: no revision {revision!r} (a branch, tag or commit of the repo)") from None
+    except hf_errors.HfHubHTTPError as e:
+        raise UserError(f"{at}: {filename}: {str(e).splitlines()[0]}") from None
+    except OSError as e:  # a full disk, a folder that cannot be written, a download that came short
+        raise UserError(f"{at}: {filename}: cannot download into {hub_cache()} ({e.strerror or e}); free space "
+                        f"there or set HF_HOME to another folder") from None
+    if not isinstance(cached, str):  # downloaded just now: check it against its hash
+        _verify(path, at)
+    return path
+
+
+def _verify(path: Path, at: str):
+    """The file against the name huggingface_hub gives its blob: its sha256 (LFS files) or git's blob id."""
+    blob = path.resolve()
+    data = blob.read_bytes()
+    if re.fullmatch(r"[0-9a-f]{64}", blob.name):
+        digest = hashlib.sha256(data).hexdigest()
+    elif re.fullmatch(r"[0-9a-f]{40}", blob.name):
+        digest = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    else:
+        return
+    if digest != blob.name:
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise UserError(f"{at}: {path.name} differs from the hub's hash {blob.name}; removed, try again")

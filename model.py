@@ -29,7 +29,7 @@ from common import OneLineParser, UserError, cli, document_texts, write_atomic, 
 
 @dataclass
 class ModelConfig:  # the fields of a Hugging Face config.json that this encoder reads
-    model_type: str = "roberta"  # "roberta" or "bert" (BERT/MiniLM: token types, positions from 0)
+    model_type: str = "roberta"  # roberta, xlm-roberta, camembert (RoBERTa's architecture) or bert (and MiniLM)
     vocab_size: int = 50265
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -47,9 +47,19 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
     eos_token_id: int | None = 2
 
     @property
+    def roberta(self) -> bool:
+        """RoBERTa's architecture: RoBERTa itself, XLM-R, CamemBERT (hub.MODEL_TYPES)."""
+        return self.model_type != "bert"
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of its tensor names in a Hugging Face checkpoint: `roberta.` for the whole RoBERTa family."""
+        return hub.MODEL_TYPES[self.model_type][0]
+
+    @property
     def position_offset(self) -> int:
         # fairseq's RoBERTa numbers positions from padding_idx+1; BERT from 0.
-        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.pad_token_id + 1 if self.roberta else 0
 
     @property
     def max_tokens(self) -> int:
@@ -75,7 +85,7 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, ids, token_type_ids=None):
-        if self.c.model_type == "roberta":
+        if self.c.roberta:
             # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq does),
             # so a span's positions do not depend on how much padding its batch needed.
             real = ids.ne(self.c.pad_token_id).int()
@@ -137,7 +147,7 @@ class MLMHead(nn.Module):
     def __init__(self, c: ModelConfig, word: nn.Embedding):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.hidden_size)
-        self.act = F.gelu if c.model_type == "roberta" else ACTIVATIONS[c.hidden_act]
+        self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
         self.word = [word]  # in a list so the tied weight is registered (and saved) once, by Embeddings
@@ -213,7 +223,7 @@ def real_positions(lengths: np.ndarray, T: int) -> np.ndarray:
 
 def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made of (q, k, v are concatenated)."""
-    p = c.model_type
+    p = c.prefix
     m = {"embeddings.word.weight": [f"{p}.embeddings.word_embeddings.weight"],
          "embeddings.position.weight": [f"{p}.embeddings.position_embeddings.weight"],
          "embeddings.token_type.weight": [f"{p}.embeddings.token_type_embeddings.weight"]}
@@ -227,10 +237,10 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
             m[me + f"ffn.up.{wb}"] = [hf + f"intermediate.dense.{wb}"]
             m[me + f"ffn.down.{wb}"] = [hf + f"output.dense.{wb}"]
             m[me + f"ffn.ln.{wb}"] = [hf + f"output.LayerNorm.{wb}"]
-        head = "lm_head." if p == "roberta" else "cls.predictions.transform."
+        head = "lm_head." if c.roberta else "cls.predictions.transform."
         m[f"mlm.dense.{wb}"] = [head + f"dense.{wb}"]
-        m[f"mlm.ln.{wb}"] = [head + ("layer_norm" if p == "roberta" else "LayerNorm") + f".{wb}"]
-    m["mlm.bias"] = ["lm_head.bias" if p == "roberta" else "cls.predictions.bias"]
+        m[f"mlm.ln.{wb}"] = [head + ("layer_norm" if c.roberta else "LayerNorm") + f".{wb}"]
+    m["mlm.bias"] = ["lm_head.bias" if c.roberta else "cls.predictions.bias"]
     return m
 
 
@@ -286,11 +296,12 @@ def load_pretrained(name: str, verbose: bool = True):
     config, tok = load_config_and_tokenizer(str(d))
     model = Encoder(config)
     model.init_weights(torch.Generator().manual_seed(0))  # only a missing MLM head keeps these
-    for note in load_state(model, hub.read_safetensors(d, config.model_type), str(d)):
+    for note in load_state(model, hub.read_safetensors(d, config.prefix), str(d)):
         if verbose:
             print(note, file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
         raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
+    model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit
     return model.eval(), tok
 
 

@@ -469,6 +469,8 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
     pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
     encoder, tok = resume_from.model if resume_from else build_model(cfg, procs)
+    if not resume_from and not cfg.model.startswith("scratch:") and not Path(cfg.model).expanduser().is_dir():
+        cfg = replace(cfg, model=f"{cfg.model.partition('@')[0]}@{encoder.source.name}")  # the commit it started from
     encoder.to(device).train()
     batches = sampler.SpanBatches(corpus_for_run(cfg, tok, procs), tok, cfg, encoder.config.max_tokens, rank, world,
                                   quiet=rank != 0)

@@ -43,7 +43,7 @@ def oracle(module: str):
 
 
 def minilm() -> Path:
-    """all-MiniLM-L6-v2: the shared copy, or the hub's, downloaded once by the project's own hub client."""
+    """all-MiniLM-L6-v2: the shared copy, or the hub's, downloaded once through hub.py (huggingface_hub)."""
     return _shared_or_fetched(SHARED / "models" / "all-MiniLM-L6-v2", "minilm")
 
 
