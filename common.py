@@ -111,17 +111,25 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
 
 
 def _check_range(f, value):
-    low, high, strict = f.metadata.get("low"), f.metadata.get("high"), f.metadata.get("strict")
-    too_low = low is not None and (value <= low if strict else value < low)
-    too_high = high is not None and (value >= high if strict else value > high)
-    if not (too_low or too_high):
+    """A number inside its field's range; nan and inf never are (a float flag accepts them unless refused here)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
+    low, high, strict = f.metadata.get("low"), f.metadata.get("high"), f.metadata.get("strict")
+    # written as what is allowed, so that nan (false in every comparison) is refused
+    above = low is None or (value > low if strict else value >= low)
+    below = high is None or (value < high if strict else value <= high)
+    if above and below and math.isfinite(value):
+        return
+    finite = ", and finite" if isinstance(value, float) else ""
+    low, high = (f"{x:g}" if isinstance(x, float) else x for x in (low, high))
     if low is not None and high is not None:
         want = f"between {low} and {high}" + (", both excluded" if strict else "")
     elif low is not None:
-        want = f"greater than {low}" if strict else f"at least {low}"
+        want = (f"greater than {low}" if strict else f"at least {low}") + finite
+    elif high is not None:
+        want = (f"less than {high}" if strict else f"at most {high}") + finite
     else:
-        want = f"less than {high}" if strict else f"at most {high}"
+        want = "a finite number"
     raise UserError(f"--{f.name.replace('_', '-')} {value}: must be {want}", code=2)
 
 
@@ -292,6 +300,12 @@ def write_json(path: Path, obj):
 def cache_dir(override: str = "") -> Path:
     """Where tokenised corpora, the demo's documents and downloads are kept: $XDG_CACHE_HOME/declutr by default."""
     return Path(override or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "declutr")
+
+
+def writable_cache(override: str = "") -> Path:
+    """The cache folder, made if need be; if it cannot be written, one line saying what to do about it."""
+    hint = "choose a --cache-dir you can write" if override else "pass --cache-dir with a folder you can write"
+    return make_dirs(cache_dir(override), hint)
 
 
 def make_dirs(folder: Path, hint: str = "") -> Path:
@@ -631,7 +645,7 @@ def demo_corpus(cache: str) -> Path:
             if len(text) > 2000:
                 (folder / f"{name}.txt").write_text(text, encoding="utf-8")
 
-    make_dirs(root.parent, "pass --cache-dir with a folder you can write")
+    writable_cache(cache)
     write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
     progress.done(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
     return root

@@ -60,6 +60,11 @@ class EmbedConfig:
     def validate(self):
         """npy (float32, texts x hidden) or jsonl (an {"embedding": [...]} per line), by --output's extension."""
         suffix = Path(self.output).suffix
+        if Path(self.output).is_dir():
+            raise UserError(f"--output {self.output}: is a folder; name the file to write")  # a path: exit 1
+        if self.format and suffix in (".npy", ".jsonl") and suffix != "." + self.format:
+            raise UserError(f"--format {self.format}: --output {self.output} says {suffix[1:]}; name the file "
+                            f".{self.format} or leave --format out", code=2)
         if not self.format and suffix not in (".npy", ".jsonl"):
             raise UserError(f"--output {self.output}: cannot tell the format from its name; pass --format npy or "
                             f"--format jsonl", code=2)
@@ -187,8 +192,6 @@ def check_paths(cfg: EmbedConfig, out: Path):
             raise UserError(f"{p}: no such file")
         if p != "-" and Path(p).resolve() == out.resolve():
             raise UserError(f"--output {out}: is also an input, which it would overwrite")
-    if out.is_dir():
-        raise UserError(f"--output {out}: is a folder; name the file to write")
     if out.exists() and not cfg.overwrite:
         raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
     if not out.parent.exists() or not os.access(out.parent, os.W_OK):

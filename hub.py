@@ -241,9 +241,8 @@ def convert_bin(name: str, out: str | None) -> Path:
         raise UserError(f"{dst / 'model.safetensors'} exists already; remove it first or pass --out")
     try:
         sd = torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    except Exception as e:  # the unpickler raises many kinds; all mean "not a plain tensor file"
-        raise UserError(f"{src / 'pytorch_model.bin'}: cannot load with weights_only=True "
-                        f"({str(e).splitlines()[0]})") from None
+    except Exception as e:  # the unpickler and the zip reader raise many kinds: tell code apart from damage
+        raise UserError(f"{src / 'pytorch_model.bin'}: {_unloadable(str(e))}") from None
     dst.mkdir(parents=True, exist_ok=True)
     for f in ("config.json",) + TOKENIZER_FILES:
         if dst != src and (src / f).exists():
@@ -251,6 +250,16 @@ def convert_bin(name: str, out: str | None) -> Path:
     write_safetensors(dst / "model.safetensors",
                       {k: v.contiguous().clone() for k, v in sd.items() if isinstance(v, torch.Tensor)})
     return dst
+
+
+def _unloadable(message: str) -> str:
+    """Why torch.load(weights_only=True) refused a file, in a line: objects that run code, or a damaged file."""
+    if found := re.search(r"GLOBAL (\S+)", message):
+        return f"holds {found[1]}, not only tensors: a pickle that would run code when loaded; refused (weights_only)"
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    reason = next((ln for ln in lines if not ln.startswith(("Weights only load failed", "Please file", "Check the"))
+                   and "WeightsUnpickler" not in ln), lines[0] if lines else "unknown")
+    return f"not a readable PyTorch file, cut short or damaged ({reason.split('. ')[0][:160]})"
 
 
 # -----------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ pure function of (seed, epoch, rank, step).
 import array
 import hashlib
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,15 +33,14 @@ from common import (
     Progress,
     UserError,
     bounded,
-    cache_dir,
     choice,
     cli,
     list_files,
-    make_dirs,
     pad_rows,
     parse_config,
     read_documents,
     remove_stale_temporaries,
+    writable_cache,
     write_atomic,
 )
 from hub import special_ids
@@ -62,7 +62,7 @@ class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends
     positive_view: str = choice(*VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
     keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
     mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
-    seed: int = 0
+    seed: int = bounded(0, 0, 2**32 - 1)  # of the shuffle, the spans, the masks and (train.py) the weights and dropout
     cache_dir: str = ""  # tokenised corpus cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
     workers: int = bounded(2, 0)  # DataLoader worker processes per rank
 
@@ -179,7 +179,7 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    root = make_dirs(cache_dir(cache), "pass --cache-dir with a folder you can write")
+    root = writable_cache(cache)
     remove_stale_temporaries(root)  # what a preparation that was killed left
     out = root / f"corpus-{key.hexdigest()[:20]}"
     if (out / "meta.json").exists():
@@ -250,6 +250,8 @@ class SpanBatches(torch.utils.data.Dataset):
             print(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
                   f"using {self.max_span}", file=sys.stderr)
         A, lengths = cfg.num_anchors, corpus.lengths
+        if len(lengths) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
+            raise UserError(f"no documents in the data: {corpus.meta['summary']}")
         self.need = 2 * A * self.max_span  # the original's requirement, n >= 2 * A * l_max
         floor = 2 * A * cfg.min_span if cfg.scale_short_docs else self.need
         self.docs = np.flatnonzero(lengths >= floor)
@@ -306,7 +308,14 @@ def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: 
     """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k."""
     return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
                                        num_workers=workers, persistent_workers=False,
-                                       pin_memory=torch.cuda.is_available(), prefetch_factor=4 if workers else None)
+                                       pin_memory=torch.cuda.is_available(), prefetch_factor=4 if workers else None,
+                                       worker_init_fn=_ignore_sigterm if workers else None)
+
+
+def _ignore_sigterm(worker_id: int):
+    """A scheduler's SIGTERM reaches every process of the job: the workers leave it to the training process, which
+    finishes its step, checkpoints and stops them (one that died of it would end the run with a traceback)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @dataclass

@@ -21,8 +21,10 @@ import gc
 import json
 import math
 import os
+import signal
+import threading
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,27 +43,29 @@ from hub import train_tokenizer
 from loss import nt_xent
 from model import load_pretrained, mean_pool, real_positions, save_pretrained, scratch_encoder, scratch_shape
 
+MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a typo, not a run
+
 
 @dataclass
 class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data, N, A, P, spans, ...), then these
     out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
     resume: bool = False  # continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured
     overwrite: bool = False  # start afresh in an out that holds an earlier run
-    temperature: float = bounded(0.05, 0, strict=True)  # tau of NT-Xent
+    temperature: float = bounded(0.05, 0, 10, strict=True)  # tau of NT-Xent
     mlm: bool = True  # --no-mlm: contrastive only (the paper's Fig. 3 ablation)
     contrastive: bool = True  # --no-contrastive: MLM only
-    lr: float = bounded(5e-5, 0, strict=True)
-    weight_decay: float = bounded(0.1, 0)
+    lr: float = bounded(5e-5, 0, 1, strict=True)
+    weight_decay: float = bounded(0.1, 0, 1)  # AdamW's, decoupled; not on biases and LayerNorms
     warmup_frac: float = bounded(0.1, 0, 1)  # slanted triangular cut_frac
-    lr_ratio: float = bounded(32.0, 1)  # slanted triangular: lowest lr is lr / ratio
-    max_grad_norm: float = bounded(1.0, 0, strict=True)
-    steps: int = bounded(0, 0)  # optimiser steps; 0: --epochs passes over the documents
-    epochs: int = bounded(1, 1)
+    lr_ratio: float = bounded(32.0, 1, 1e6)  # slanted triangular: lowest lr is lr / ratio
+    max_grad_norm: float = bounded(1.0, 0, 1e6, strict=True)
+    steps: int = bounded(0, 0, MAX_STEPS)  # optimiser steps; 0: --epochs passes over the documents
+    epochs: int = bounded(1, 1, 10**6)
     chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
     grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
     dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 GPU, else fp16 (loss-scaled) GPU, fp32 CPU
     compile: bool = False  # torch.compile each chunk's forward: the encoder, pooling and the MLM head
-    ddp_timeout: int = bounded(1800, 1)  # seconds a collective waits for the other ranks before the job stops
+    ddp_timeout: int = bounded(1800, 1, 604800)  # seconds a collective waits for the other ranks before the job stops
     log_every: int = bounded(10, 1)
     eval_data: str = ""  # STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best
     eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
@@ -325,6 +329,23 @@ def optimizer_step(opt, scaler, encoder, max_norm: float) -> torch.Tensor:
 # The loop
 
 
+class Terminated(Exception):
+    """SIGTERM: what SLURM, Kubernetes and `timeout` send a job they are about to stop."""
+
+
+class StopOnSigterm:
+    """SIGTERM handled as Ctrl-C is, but using the grace period a scheduler gives: in training, the step under way
+    ends, every rank agrees to stop after it, and it is checkpointed; before training, the run stops at once."""
+
+    def __init__(self):
+        self.asked = self.training = False
+
+    def __call__(self, signum, frame):
+        if not self.training:
+            raise Terminated
+        self.asked = True
+
+
 @dataclass
 class Run:
     """Everything the loop reads and advances."""
@@ -343,11 +364,12 @@ class Run:
     evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
     rank: int = 0
     world: int = 1
+    stop: StopOnSigterm = field(default_factory=StopOnSigterm)  # SIGTERM: stop after the step under way
 
 
 def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
-    cfg, t0 = run.cfg, time.time()
+    cfg, t0, run.stop.training = run.cfg, time.time(), True
     clock = collections.deque([(t0, 0)], maxlen=RECENT + 1)  # (time, tokens so far) after each of the recent steps
     for batch in sampler.make_loader(run.batches, run.step, run.total, cfg.workers):
         # The slanted triangular schedule sets this step's learning rate
@@ -359,9 +381,14 @@ def train(run: Run):
         stats = train_step(run.chunks, batch, cfg, run.world, run.scaler)
         # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
         gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
+        # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
+        stop = torch.full((), float(run.stop.asked), device=gnorm.device)
+        if run.world > 1:
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         # The step's numbers, read from the device at once: the one place a step waits for the GPU
-        contrastive, mlm, gnorm = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=gnorm.device)
-                                               for x in (stats["contrastive"], stats["mlm"], gnorm)]).tolist()
+        numbers = (stats["contrastive"], stats["mlm"], gnorm, stop)
+        contrastive, mlm, gnorm, stop = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=gnorm.device)
+                                                     for x in numbers]).tolist()
         if not math.isfinite(contrastive + mlm):
             raise UserError(f"loss is {contrastive + mlm} at step {run.step + 1}; last good checkpoint: "
                             f"{run.last_good or 'none yet'}")
@@ -376,11 +403,13 @@ def train(run: Run):
             score_and_keep_best(run, rec)
         if run.rank == 0:
             log(run, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
-        if run.step % cfg.ckpt_every == 0 or run.step == run.total:
+        if run.step % cfg.ckpt_every == 0 or run.step == run.total or stop:
             if run.rank == 0:
                 run.last_good = save_checkpoint(run)
             if run.world > 1:
                 dist.barrier()
+        if stop and run.step < run.total:
+            raise Terminated
 
 
 def score_and_keep_best(run: Run, rec: dict):
@@ -418,10 +447,14 @@ def save_checkpoint(run: Run) -> Path:
 @common.cli
 def main(argv=None):
     cfg = common.parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    procs = common.processes()
+    stop = StopOnSigterm()
+    handled = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
+    previous = signal.signal(signal.SIGTERM, stop) if handled else None
     run, threads = None, torch.get_num_threads()
     try:
+        procs = common.processes()
         run = setup(cfg, common.given_fields(argv), procs)
+        run.stop = stop
         train(run)
         if run.rank == 0:
             finish(run)
@@ -432,7 +465,14 @@ def main(argv=None):
             f"at step {run.step}; last checkpoint: {run.last_good or 'none yet'}"
         raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {run.out} --resume)"
                                                    if run and run.last_good else ""), code=130) from None
+    except Terminated:  # SIGTERM: the step it came in is checkpointed (train); exit 143, as a shell reports it
+        where = "before training began" if run is None else f"after step {run.step}; checkpoint: {run.last_good}"
+        raise UserError(f"terminated (SIGTERM) {where}" + (f" (continue with: python train.py --out {run.out} "
+                                                            f"--resume)" if run and run.last_good else ""),
+                        code=143) from None
     finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
         torch.set_num_threads(threads)
         if dist.is_initialized():
             if run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
@@ -475,6 +515,9 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
     batches = sampler.SpanBatches(corpus_for_run(cfg, tok, procs), tok, cfg, encoder.config.max_tokens, rank, world,
                                   quiet=rank != 0)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
+    if total > MAX_STEPS:
+        raise UserError(f"--epochs {cfg.epochs}: {total:,} steps of {batches.steps_per_epoch:,} per epoch; a run "
+                        f"takes at most {MAX_STEPS:,} (pass --steps)", code=2)
     if resume_from and resume_from.step >= total and not restarted():
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
@@ -520,7 +563,9 @@ def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
             return resumed_config(cfg, given, resume_from), out, resume_from
         if not restarted():
             raise UserError(f"{out}: no checkpoint to resume from")
-    if out.is_dir() and any(out.iterdir()) and not (cfg.overwrite or restarted()):  # a restart before the first
+    # An earlier run is a checkpoint or a model; a run that stopped before its first checkpoint left only its log
+    earlier = common.checkpoints(out) or any((out / d).exists() for d in ("model", "best"))
+    if earlier and not (cfg.overwrite or restarted()):  # a restart before the first checkpoint starts afresh
         raise UserError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
     return cfg, out, None
 
@@ -538,7 +583,8 @@ def resumed_config(cfg: TrainConfig, given: set, resume_from: Resume) -> TrainCo
     stored = TrainConfig(**{k: v for k, v in resume_from.state["config"].items() if k in names})
     if restarted():  # torchrun's restart: the same command line as the run it continues
         return replace(stored, resume=True)
-    if refused := sorted(given & names - RESUMABLE):
+    # a flag given with the value the run already has changes nothing: only a different value is refused
+    if refused := sorted(n for n in given & names - RESUMABLE if getattr(cfg, n) != getattr(stored, n)):
         name = refused[0]
         flag = ("--no-" if getattr(cfg, name) is False else "--") + name.replace("_", "-")
         raise UserError(f"{flag} cannot change when resuming {cfg.out}: the run goes on as it was configured "

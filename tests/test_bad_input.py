@@ -58,12 +58,30 @@ TRAIN_FLAGS = [
     (["--num-positives", "0"], "--num-positives 0: must be at least 1"),
     (["--min-span", "0"], "--min-span 0: must be at least 1"),
     (["--min-span", "64", "--max-span", "32"], "--min-span 64: must be at most --max-span 32"),
-    (["--temperature", "0"], "--temperature 0.0: must be greater than 0"),
-    (["--lr", "-0.001"], "--lr -0.001: must be greater than 0"),
+    (["--temperature", "0"], "--temperature 0.0: must be between 0 and 10, both excluded"),
+    (["--lr", "-0.001"], "--lr -0.001: must be between 0 and 1, both excluded"),
     (["--mlm-probability", "0"], "--mlm-probability 0.0: must be between 0 and 1, both excluded"),
+    # numbers a float flag parses that cannot train: nan and inf everywhere, and values past any sensible range
+    (["--mlm-probability", "nan"], "--mlm-probability nan: must be between 0 and 1, both excluded"),
+    (["--temperature", "nan"], "--temperature nan: must be between 0 and 10, both excluded"),
+    (["--temperature", "inf"], "--temperature inf: must be between 0 and 10, both excluded"),
+    (["--temperature", "1e30"], "--temperature 1e+30: must be between 0 and 10, both excluded"),
+    (["--lr", "nan"], "--lr nan: must be between 0 and 1, both excluded"),
+    (["--lr", "inf"], "--lr inf: must be between 0 and 1, both excluded"),
+    (["--warmup-frac", "nan"], "--warmup-frac nan: must be between 0 and 1"),
+    (["--weight-decay", "nan"], "--weight-decay nan: must be between 0 and 1"),
+    (["--weight-decay", "inf"], "--weight-decay inf: must be between 0 and 1"),
+    (["--weight-decay", "1e30"], "--weight-decay 1e+30: must be between 0 and 1"),
+    (["--lr-ratio", "nan"], "--lr-ratio nan: must be between 1 and 1e+06"),
+    (["--lr-ratio", "inf"], "--lr-ratio inf: must be between 1 and 1e+06"),
+    (["--max-grad-norm", "nan"], "--max-grad-norm nan: must be between 0 and 1e+06, both excluded"),
+    (["--ddp-timeout", "0"], "--ddp-timeout 0: must be between 1 and 604800"),
+    (["--seed", "-1"], "--seed -1: must be between 0 and 4294967295"),
+    (["--steps", "1000000000000000000000000000000"],
+     "--steps 1000000000000000000000000000000: must be between 0 and 10000000"),
     (["--mlm-probability", "1"], "--mlm-probability 1.0: must be between 0 and 1, both excluded"),
-    (["--steps", "-1"], "--steps -1: must be at least 0"),
-    (["--epochs", "0"], "--epochs 0: must be at least 1"),
+    (["--steps", "-1"], "--steps -1: must be between 0 and 10000000"),
+    (["--epochs", "0"], "--epochs 0: must be between 1 and 1000000"),
     (["--docs-per-step", "0"], "--docs-per-step 0: must be at least 1"),
     (["--ckpt-every", "0"], "--ckpt-every 0: must be at least 1"),
     (["--log-every", "0"], "--log-every 0: must be at least 1"),
@@ -137,12 +155,18 @@ def test_train_on_a_full_disk_is_one_line(tmp_path, docs, where, max_bytes, expe
     assert not list(tmp_path.rglob("*.tmp"))  # no half-written corpus or checkpoint left behind
 
 
-def test_read_only_cache_says_to_pass_cache_dir(tmp_path, docs, capsys):
+def test_unwritable_cache_says_what_to_do(tmp_path, docs, capsys, monkeypatch):
+    """A --cache-dir the user gave that cannot be written: choose another. The default one: pass --cache-dir."""
     (tmp_path / "a-file").write_text("")
-    code, line = fails(T.main, ["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "run"),
-                                "--min-span", "8", "--max-span", "32", "--cache-dir", str(tmp_path / "a-file" / "c")],
-                       capsys)
-    assert code == 1 and "cannot write there" in line and "pass --cache-dir" in line
+    common = ["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "run"), "--min-span", "8",
+              "--max-span", "32"]
+    code, line = fails(T.main, [*common, "--cache-dir", str(tmp_path / "a-file" / "c")], capsys)
+    assert code == 1 and "a-file/c: cannot write there" in line
+    assert line.endswith("; choose a --cache-dir you can write")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file" / "xdg"))
+    code, line = fails(T.main, common, capsys)
+    assert code == 1 and "cannot write there" in line
+    assert line.endswith("; pass --cache-dir with a folder you can write")
 
 
 # --- embed.py -----------------------------------------------------------------------------------------------
@@ -262,16 +286,96 @@ def test_sampler_flags(tmp_path, docs, capsys):
 
     for flags, expect in ((["--num-anchors", "0"], "--num-anchors 0: must be at least 1"),
                           (["--min-span", "9", "--max-span", "8"], "--min-span 9: must be at most --max-span 8"),
-                          (["--mlm-probability", "2"], "--mlm-probability 2.0: must be between 0 and 1")):
+                          (["--mlm-probability", "2"], "--mlm-probability 2.0: must be between 0 and 1"),
+                          (["--mlm-probability", "nan"], "--mlm-probability nan: must be between 0 and 1"),
+                          (["--seed", "-1"], "--seed -1: must be between 0 and 4294967295")):
         code, line = fails(S.main, ["--model", "m", "--data", str(docs), "--cache-dir", str(tmp_path / "c"), *flags],
                            capsys)
         assert code == 2 and expect in line, line
     assert not (tmp_path / "c").exists()
 
 
-def test_no_traceback_from_a_real_process(tmp_path, docs):
+@pytest.mark.parametrize("flags, expect", [
+    (["--keep-ckpts", "-1"], "--keep-ckpts -1: must be at least 1"),
+    (["--lr", "nan"], "--lr nan: must be between 0 and 1, both excluded"),  # these three were tracebacks
+    (["--warmup-frac", "nan"], "--warmup-frac nan: must be between 0 and 1"),
+    (["--seed", "-1"], "--seed -1: must be between 0 and 4294967295")])
+def test_no_traceback_from_a_real_process(tmp_path, docs, flags, expect):
     """The same through the command line, as a user meets it: one line, exit 2, nothing else on stderr."""
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(docs), "--keep-ckpts", "-1"],
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(docs), *flags],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
-    assert r.returncode == 2 and r.stderr == "error: --keep-ckpts -1: must be at least 1\n" and r.stdout == ""
+    assert r.returncode == 2 and r.stderr == f"error: {expect}\n" and r.stdout == ""
+    assert not (tmp_path / "cache").exists()  # refused before anything was read
+
+
+# --- messages that name the real problem -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output, fmt, expect, code", [
+    ("x.npy", "jsonl", "--format jsonl: --output {out} says npy; name the file .jsonl or leave --format out", 2),
+    ("x.jsonl", "npy", "--format npy: --output {out} says jsonl; name the file .npy or leave --format out", 2),
+    ("folder", "", "--output {out}: is a folder; name the file to write", 1)])
+def test_embed_output_and_format_that_disagree(tmp_path, tiny, capsys, output, fmt, expect, code):
+    (tmp_path / "texts.txt").write_text("a cat\n")
+    (tmp_path / "folder").mkdir()
+    out = tmp_path / output
+    code_, line = fails(E.main, ["--model", str(tiny), str(tmp_path / "texts.txt"), "--output", str(out),
+                                 *(["--format", fmt] if fmt else [])], capsys)
+    assert code_ == code and line == "error: " + expect.format(out=out), line
+    assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.jsonl").exists()
+
+
+def test_convert_names_a_missing_folder_and_a_damaged_file(tmp_path, capsys):
+    code, line = fails(M.main, ["convert", str(tmp_path / "missing" / "path")], capsys)
+    assert code == 1 and line == f"error: {tmp_path / 'missing' / 'path'}: no such folder"  # not "cannot reach the hub"
+    d = tmp_path / "m"
+    M.save_pretrained(*M.from_scratch("tiny", ["a cat sat on a mat"] * 30), d)
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    data = (d / "pytorch_model.bin").read_bytes()
+    (d / "pytorch_model.bin").write_bytes(data[:len(data) // 2])  # a download cut short
+    code, line = fails(M.main, ["convert", str(d)], capsys)
+    assert code == 1 and "pytorch_model.bin: not a readable PyTorch file, cut short or damaged" in line
+    assert "weights_only" not in line
+
+
+def test_data_without_a_single_document_says_so(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "empty.txt").write_text("  \n")
+    (tmp_path / "docs" / "binary.txt").write_bytes(b"\x7fELF\x00\x00" + bytes(range(256)))
+    code, line = fails(T.main, ["--model", "scratch:tiny", "--data", str(tmp_path / "docs"), "--out",
+                                str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")], capsys)
+    assert code == 1 and "no documents in the data: 2 files, 0 documents" in line and "1 empty, 1 binary" in line
+    assert "--max-span" not in line and "--scale-short-docs" not in line
+
+
+def test_resume_takes_a_flag_given_with_the_runs_own_value(tmp_path, docs, capsys):
+    args = ["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "r"), "--docs-per-step", "4",
+            "--min-span", "8", "--max-span", "32", "--workers", "0", "--cache-dir", str(tmp_path / "cache")]
+    T.main([*args, "--steps", "2", "--lr", "1e-3"])
+    T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "3", "--lr", "1e-3", "--seed", "0"])  # as it was
+    assert "resuming at step 2" in capsys.readouterr().out
+    code, line = fails(T.main, ["--out", str(tmp_path / "r"), "--resume", "--steps", "4", "--lr", "2e-3"], capsys)
+    assert code == 2 and "--lr cannot change when resuming" in line and "(lr = 0.001)" in line
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_can_start_again(tmp_path, docs, capsys, monkeypatch):
+    """Its --out holds only the log of the failed step: no --overwrite needed to try again. An --out with a
+    checkpoint or a model still needs it."""
+    args = ["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "r"), "--docs-per-step", "4",
+            "--min-span", "8", "--max-span", "32", "--workers", "0", "--cache-dir", str(tmp_path / "cache"),
+            "--steps", "2"]
+    real = T.train_step
+    monkeypatch.setattr(T, "train_step", lambda *a, **k: {**real(*a, **k), "mlm": float("nan")})
+    code, line = fails(T.main, args, capsys)
+    assert code == 1 and "loss is nan at step 1" in line
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["metrics.jsonl"] or not any((tmp_path / "r").iterdir())
+    monkeypatch.undo()
+    T.main(args)  # no --overwrite
+    assert (tmp_path / "r" / "model" / "model.safetensors").exists()
+    code, line = fails(T.main, args, capsys)  # now it holds a run
+    assert code == 1 and "holds an earlier run; pass --resume to continue it or --overwrite" in line

@@ -299,7 +299,8 @@ def test_bad_input(tmp_path, docs, capsys):
     bad_model = run_args(docs, tmp_path / "o3")
     bad_model[1] = str(tmp_path / "no-model/")
     assert "no such folder" in one_line_error(capsys, bad_model)
-    (tmp_path / "o5").mkdir()
+    (tmp_path / "o5" / "model").mkdir(parents=True)  # an earlier run: its model and its log
+    (tmp_path / "o5" / "model" / "config.json").write_text("{}")
     (tmp_path / "o5" / "metrics.jsonl").write_text("precious\n")
     assert "--overwrite" in one_line_error(capsys, run_args(docs, tmp_path / "o5"))
     assert (tmp_path / "o5" / "metrics.jsonl").read_text() == "precious\n"
@@ -333,7 +334,7 @@ def test_resume_extends_with_steps_and_refuses_other_flags(tmp_path, docs, capsy
     out = tmp_path / "r"
     T.main(run_args(docs, out, "--steps", "4", "--ckpt-every", "2"))
     before = snapshot(out)
-    for flag in (["--lr", "1e-3"], ["--num-anchors", "1"], ["--no-mlm"], ["--data", str(docs)], ["--seed", "1"]):
+    for flag in (["--lr", "1e-3"], ["--num-anchors", "1"], ["--no-mlm"], ["--data", str(tmp_path)], ["--seed", "1"]):
         with pytest.raises(SystemExit) as e:
             T.main(["--out", str(out), "--resume", *flag])
         err = capsys.readouterr().err
@@ -386,6 +387,58 @@ def test_ctrl_c_is_one_line_with_the_checkpoint(tmp_path, docs, reap):
     assert "Traceback" not in err and err.count("error: ") == 1
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: interrupted at step ") and "step-00000004" in last and "--resume" in last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("whole_group", [False, True])
+def test_sigterm_checkpoints_its_step_and_resume_gives_the_uninterrupted_run(tmp_path, docs, reap, whole_group):
+    """SIGTERM, as `timeout` sends it (to the training process) or SLURM (to every process of the job, DataLoader
+    workers too): the step under way ends, is checkpointed, one line says where and how to go on, exit 143; resuming
+    from that checkpoint gives the loss trace and the weights of a run never stopped."""
+    common = ["--steps", "12", "--ckpt-every", "100"]  # no checkpoint of its own before the end
+    T.main(run_args(docs, tmp_path / "a", *common))
+    workers = ["--workers", "2"] if whole_group else []
+    p = reap([sys.executable, str(ROOT / "train.py"), *run_args(docs, tmp_path / "b", *common), *workers],
+             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics, t0 = tmp_path / "b" / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            if whole_group:
+                os.killpg(p.pid, signal.SIGTERM)
+            else:
+                p.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and err.count("error: ") == 1
+    [ckpt] = C.checkpoints(tmp_path / "b")
+    step = int(ckpt.name.removeprefix("step-"))
+    assert 4 <= step < 12 and [s for s, *_ in trace(tmp_path / "b")] == list(range(1, step + 1))
+    assert err.strip().splitlines()[-1] == (f"error: terminated (SIGTERM) after step {step}; checkpoint: {ckpt} "
+                                            f"(continue with: python train.py --out {tmp_path / 'b'} --resume)")
+    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    assert trace(tmp_path / "b") == trace(tmp_path / "a")
+    assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, docs, reap):
+    p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
+                      *run_args(docs, tmp_path / "t", "--steps", "40", "--ckpt-every", "100")),
+             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics, t0 = tmp_path / "t" / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            os.kill(int(workers[-1]), signal.SIGTERM)  # one rank only: the other learns of it in the step's reduction
+            break
+        time.sleep(0.01)
+    out = p.communicate(timeout=120)[0]
+    [ckpt] = C.checkpoints(tmp_path / "t")
+    step = int(ckpt.name.removeprefix("step-"))
+    assert step < 40 and trace(tmp_path / "t")[-1][0] == step, out[-3000:]  # rank 0 logged up to the same step
+    assert C.read_train_state(ckpt)["step"] == step and "terminated (SIGTERM) after step" in out
 
 
 @pytest.mark.slow
