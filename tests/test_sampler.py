@@ -1,4 +1,5 @@
 """sampler.py against the method's own laws (closed-form Beta CDFs), naive checks, and bad input."""
+import collections
 import gzip
 import json
 import subprocess
@@ -106,6 +107,54 @@ def test_anchor_blocks_are_uniform_over_valid_placements():
         counts[b] = counts.get(b, 0) + 1
     assert set(counts) == {(0, 2), (0, 3), (0, 4), (1, 3), (1, 4), (2, 4)}
     assert all(abs(c / 6000 - 1 / 6) < 0.02 for c in counts.values())
+
+
+def chi2_critical(df: int, z: float = 3.719) -> float:
+    """The chi-square value a uniform law exceeds with probability 1e-4 (z: the normal's 1 - 1e-4 quantile),
+    by Wilson and Hilferty's cube-root approximation (good to a few percent from df = 3)."""
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+def uniform_over_every_value(offsets: dict[int, list[int]], min_expected: int = 30):
+    """offsets[W]: draws that should be uniform over 0..W-1. Every value, both ends included, occurs, and a
+    chi-square test does not reject uniformity (alpha 1e-4), for each W drawn often enough to test."""
+    tested = 0
+    for width, values in sorted(offsets.items()):
+        if width < 2 or len(values) < min_expected * width:
+            continue
+        counts = np.bincount(values, minlength=width)
+        assert len(counts) == width and (counts > 0).all(), (width, counts)  # 0 and width - 1 included
+        expected = len(values) / width
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        assert chi2 < chi2_critical(width - 1), (width, chi2, counts)
+        tested += 1
+    return tested
+
+
+def test_every_start_in_the_windows_occurs_uniformly():
+    """§3.2's support, not only its moments: an anchor starts anywhere in its l_max block that leaves it room (its
+    last possible start too: it may end exactly at the block's end), and a positive anywhere in
+    [max(0, s_a - l_p), min(s_a + l_a, n - l_p)], both ends included (it may end where its anchor starts, or start
+    where it ends), each uniformly."""
+    rng = np.random.default_rng(20)
+    n, A, lo, hi = 96, 2, 4, 12  # 8 blocks of 12 tokens; spans of 4-12
+    anchor_offsets, positive_offsets = collections.defaultdict(list), collections.defaultdict(list)
+    ends_at_block_end = after = before = total = 0
+    for _ in range(20_000):
+        for (a0, a1), pos in S.sample_spans(n, A, 2, lo, hi, rng):
+            block_start = a0 // hi * hi
+            anchor_offsets[hi - (a1 - a0) + 1].append(a0 - block_start)
+            ends_at_block_end += a1 == block_start + hi
+            for p0, p1 in pos:
+                first, last = max(0, a0 - (p1 - p0)), min(a1, n - (p1 - p0))
+                positive_offsets[last - first + 1].append(p0 - first)
+                after += p0 == a1
+                before += p1 == a0
+                total += 1
+    assert uniform_over_every_value(anchor_offsets) >= 5 and uniform_over_every_value(positive_offsets) >= 10
+    # both directions of adjacency, each about 1/W of the positives (W ~ l_a + l_p + 1, here 9 to 25): > 2% each
+    assert after / total > 0.02 and before / total > 0.02, (after, before, total)
+    assert ends_at_block_end / 40_000 > 0.05  # about E[1 / (l_max - l_a + 1)] of the anchors
 
 
 def test_mlm_masking_rates():
@@ -229,6 +278,28 @@ def test_batches_hold_the_documents_spans(tmp_path, tok):
         chosen = b["mlm_labels"][k] != -100
         assert not chosen[[0, n - 1]].any() and not chosen[n:].any()
         assert (b["mlm_labels"][k][chosen] == b["anchors"][k][chosen]).all()
+
+
+def test_no_special_token_is_ever_an_mlm_target_and_the_rates_hold_through_batches(tmp_path, tok):
+    """Every step of ten epochs through SpanBatches, as training sees them: no <s>, </s> or padding position
+    carries an MLM label; of the anchors' own tokens 15% are targets, of those 80% <mask>, 10% random, 10% kept
+    (binomial bounds, 5 standard deviations)."""
+    _, sb = make_batches(tmp_path, tok, n_docs=24, words=600, docs_per_step=4, min_span=16, max_span=64)
+    special = H.special_ids(tok)
+    chosen = eligible = masked = kept = 0
+    for step in range(10 * sb.steps_per_epoch):
+        b = sb[step]
+        ids, labels, inputs = b["anchors"].numpy(), b["mlm_labels"].numpy(), b["mlm_inputs"].numpy()
+        is_special = np.isin(ids, [special["cls"], special["sep"], special["pad"]])
+        assert is_special.sum() >= 2 * len(ids) and (labels[is_special] == -100).all(), step
+        assert (inputs[is_special] == ids[is_special]).all()  # and no special position is corrupted either
+        picked = labels != -100
+        chosen, eligible = chosen + picked.sum(), eligible + (~is_special).sum()
+        masked += (picked & (inputs == special["mask"])).sum()
+        kept += (picked & (inputs == ids)).sum()
+    for got, n, p in ((chosen, eligible, 0.15), (masked, chosen, 0.8), (kept, chosen, 0.1)):
+        assert abs(got / n - p) < 5 * np.sqrt(p * (1 - p) / n), (got, n, p)
+    assert eligible > 20_000
 
 
 def test_spans_fit_the_models_positions(tmp_path, tok, capsys):
