@@ -5,8 +5,9 @@ other file of the project.
 One of each: the user-error type and the CLI wrapper that turns it into one line on stderr; the dataclass ->
 command-line flags parser with its range checks; progress lines for the long phases; the atomic write (and JSON
 and torch.save written with it), the cache folder, the offline switch; the reader of the user's documents (.txt,
-.jsonl, gzip) and the padding of token rows; and the training run's plumbing: processes under torchrun,
-checkpoints written and found again, the run folder, the demo's documents.
+.jsonl, gzip); token rows padded and copied to the device without waiting, and the precision --dtype means; and
+the training run's plumbing: processes under torchrun meeting before their process group exists, checkpoints
+written and found again, the run folder, the demo's documents.
 """
 import argparse
 import codecs
@@ -418,6 +419,10 @@ def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
             return
 
 
+# -----------------------------------------------------------------------------------------------
+# Token rows onto the device: padding, page-locked copies, the next batch made while this one runs, precision
+
+
 def pad_rows(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Token id rows of any lengths -> (B, T) int64 ids padded on the right to the longest, and their 0/1 mask."""
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
@@ -449,6 +454,14 @@ def prefetched(items, work):
             ahead = nxt
         if ahead is not None:
             yield ahead.result()
+
+
+def autocast_dtype(name: str, device: torch.device):
+    """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
+    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16), fp32 on a CPU."""
+    if name == "auto" and device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 # -----------------------------------------------------------------------------------------------
@@ -523,14 +536,6 @@ def made_once(store, key: str, make, maker: bool) -> str:
     if kind == "error":
         raise UserError(value)
     return value
-
-
-def autocast_dtype(name: str, device: torch.device):
-    """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
-    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16), fp32 on a CPU."""
-    if name == "auto" and device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def say(rank, *a, **k):

@@ -132,7 +132,7 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
         ids, mask = to_device(ids, device), to_device(mask, device)
         with autocast:
             h = model(ids, mask if real is not None else None, real=real)  # (rows, T, H)
-            out.index_copy_(0, to_device(order[i:j].copy(), device), mean_pool(h, mask).float())
+            out.index_copy_(0, to_device(order[i:j], device), mean_pool(h, mask).float())
         if progress:
             texts = owner[order[i:j]]
             np.subtract.at(left, texts, 1)
@@ -212,9 +212,15 @@ def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progr
     if cfg.format == "npy":  # the row count is known, so the header can come before the rows
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
-    # the next block is read and tokenised (in a thread: the tokenizer releases the GIL) while this one is embedded
+    # On a GPU the next block is read and tokenised (in a thread: the tokenizer releases the GIL) while this one is
+    # embedded. On a CPU the two would share the same cores, and memory would grow with a second thread's heap.
     max_tokens = model.config.max_tokens
-    for tokenized in prefetched(_blocks(cfg, stdin_copy), lambda texts: tokenize(texts, tok, max_tokens, cfg.long)):
+    blocks, gpu = _blocks(cfg, stdin_copy), next(model.parameters()).device.type == "cuda"
+
+    def work(texts):
+        return tokenize(texts, tok, max_tokens, cfg.long)
+
+    for tokenized in prefetched(blocks, work) if gpu else map(work, blocks):
         emb = embed_tokenized(tokenized, model, tok, batch_tokens=cfg.batch_tokens, normalize=cfg.normalize,
                               dtype=dtype, progress=progress)
         if cfg.format == "npy":
