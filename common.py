@@ -437,7 +437,9 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host array on the device. To a GPU from page-locked memory and without waiting: the copy runs while the host
     goes on, and the GPU never waits for the host to stage it (torch's pinned-memory cache keeps the buffer until the
     copy is done)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if not array.flags.c_contiguous or min(array.strides, default=0) < 0:  # a reversed view, even of one element
+        array = array.copy()
+    tensor = torch.from_numpy(array)
     if device.type != "cuda":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
