@@ -203,7 +203,7 @@ def device_and_dtype(device: str, dtype: str):
     embed.py writes. auto: fp32 on a CPU, bf16 on a GPU that has it, else fp16."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     if dtype not in ("auto", "fp32") and device.type == "cpu":
-        raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32", code=2)
+        raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32")
     return device, autocast_dtype(dtype, device)
 
 
@@ -213,7 +213,7 @@ def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progr
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
     # On a GPU the next block is read and tokenised (in a thread: the tokenizer releases the GIL) while this one is
-    # embedded. On a CPU the two would share the same cores, and memory would grow with a second thread's heap.
+    # embedded. On a CPU the two would only share the same cores.
     max_tokens = model.config.max_tokens
     blocks, gpu = _blocks(cfg, stdin_copy), next(model.parameters()).device.type == "cuda"
 

@@ -1,11 +1,11 @@
 """
-hub.py: Hugging Face files: the hub client, tokenizer formats, safetensors shards, pytorch_model.bin conversion.
+hub.py: Hugging Face files: downloads, tokenizer formats, config.json, safetensors shards, pytorch_model.bin conversion.
 A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints. It imports
 no other file of the project but common.py.
 
-- The hub: plain HTTPS into $HF_HOME/hub in huggingface_hub's folder layout (refs/REV -> snapshots/COMMIT), so a
-  cache it filled is reused; HF_ENDPOINT and HF_HUB_OFFLINE are honoured; every file is checked (size, and sha256
-  or git blob id) before it gets its real name.
+- The hub, through huggingface_hub: only the files a checkpoint needs, into its cache ($HF_HOME/hub); HF_TOKEN,
+  HF_ENDPOINT, HF_HUB_OFFLINE and `org/name@revision` honoured; each file checked against its hash (sha256 or git
+  blob id) when it arrives; every failure one line naming the repo and what to do.
 - Tokenizers: tokenizer.json, vocab.json + merges.txt (RoBERTa), or vocab.txt (BERT), always without padding or
   truncation; a byte-level BPE trained on the user's documents for models trained from scratch.
 """
