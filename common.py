@@ -526,18 +526,31 @@ def made_once(store, key: str, make, maker: bool) -> str:
         try:
             value = make()
         except UserError as e:
-            store.set(key, "error:" + str(e))
+            store.set(key, f"error:{e.code}:{e}")
             raise
         store.set(key, "value:" + value)
         return value
+    kind, value = _wait(store, key).split(":", 1)
+    if kind == "error":
+        code, message = value.split(":", 1)
+        raise UserError(message, int(code))
+    return value
+
+
+def every_rank_says(store, key: str, what: str, rank: int, world: int) -> list[str]:
+    """Every rank's `what`, in rank order, on every rank: each waits until all have said theirs."""
+    if store is None:
+        return [what]
+    store.set(f"{key}/{rank}", what)
+    return [_wait(store, f"{key}/{r}") for r in range(world)]
+
+
+def _wait(store, key: str) -> str:
     try:
         store.wait([key], timedelta(days=7))
     except dist.DistError as e:
         raise UserError(f"the process preparing {key} stopped before it was done ({str(e).splitlines()[0]})") from None
-    kind, value = store.get(key).decode().split(":", 1)
-    if kind == "error":
-        raise UserError(value)
-    return value
+    return store.get(key).decode()
 
 
 def say(rank, *a, **k):
@@ -602,14 +615,14 @@ def write_checkpoint(out: Path, step: int, write_model, state: dict, keep: int) 
     return final
 
 
-def newest_checkpoint(out: Path, load_model, rank: int = 0):
+def newest_checkpoint(out: Path, load_model):
     """(path, train state, load_model(path)) of the newest checkpoint that reads back whole, or None; one that does
     not is named, and the one before it used."""
     for path in reversed(checkpoints(out)):
         try:
             return path, read_train_state(path), load_model(path)
         except UserError as e:
-            say(rank, f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
+            print(f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr, flush=True)
     return None
 
 

@@ -130,16 +130,21 @@ class Spans:
         """Every index the chunks need, in one int64 tensor on the device; part(name, k) finds chunk k's piece."""
         parts = {"lengths": self.lengths, "order": np.concatenate(self.groups),
                  "unsort": np.argsort(np.concatenate(self.groups)), "n_masked": [int((labels != -100).sum())]}
+        # Every chunk gets the same kinds of input, so that --compile builds one graph for them all: the real
+        # tokens' positions even where there is no padding, and MLM targets even where there is no anchor.
         for k, group in enumerate(self.groups):
             T = int(self.lengths[group].max())
             parts[f"rows{k}"] = group
-            if (self.lengths[group] < T).any():  # padding: the real tokens' flat positions (Encoder.forward)
-                parts[f"real{k}"] = real_positions(self.lengths[group], T)
+            parts[f"real{k}"] = real_positions(self.lengths[group], T)  # the real tokens' flat positions
+            # §3.3: where the anchors' masked tokens are in the chunk's (g, T) layout, and what they were
             anchors = np.flatnonzero(group < self.n_anchors)  # the chunk's rows that hold anchors
-            if anchors.size:  # §3.3: where its masked tokens are in the chunk's (g, T) layout, and what they were
-                chunk_labels = labels[group[anchors], :T]
-                i, j = np.nonzero(chunk_labels != -100)
-                parts[f"mlm_at{k}"], parts[f"mlm_targets{k}"] = anchors[i] * T + j, chunk_labels[i, j]
+            chunk_labels = labels[group[anchors], :T]
+            i, j = np.nonzero(chunk_labels != -100)
+            at, targets = anchors[i] * T + j, chunk_labels[i, j]
+            # At least two targets, the added ones ignored (-100): a chunk with none or one would be a graph of its
+            # own, as the compiler treats sizes 0 and 1 apart from all others.
+            pad = max(0, 2 - len(at))
+            parts[f"mlm_at{k}"], parts[f"mlm_targets{k}"] = np.r_[at, [0] * pad], np.r_[targets, [-100] * pad]
         arrays = [np.asarray(v, dtype=np.int64) for v in parts.values()]
         ends = np.cumsum([len(a) for a in arrays])
         self.slices = {name: slice(end - len(a), end) for name, a, end in zip(parts, arrays, ends, strict=True)}
@@ -150,12 +155,12 @@ class Spans:
         return None if where is None else self.plan[where]
 
     def chunk(self, k: int, with_mlm: bool = True):
-        """Chunk k: (g, T) ids and 0/1 mask, the real tokens' positions (None: no padding), the MLM targets' positions
-        and ids (None: no anchor in the chunk, or no MLM)."""
+        """Chunk k: (g, T) ids and 0/1 mask, the real tokens' flat positions, the MLM targets' positions and ids (None:
+        no MLM, or GradCache's first pass)."""
         T = int(self.lengths[self.groups[k]].max())
         rows = self.part("rows", k)
         mask = (torch.arange(T, device=self.device)[None] < self.part("lengths")[rows][:, None]).long()  # (g, T)
-        mlm = with_mlm and self.mlm and f"mlm_at{k}" in self.slices
+        mlm = with_mlm and self.mlm
         return (self.ids[rows, :T], mask, self.part("real", k), self.part("mlm_at", k) if mlm else None,
                 self.part("mlm_targets", k) if mlm else None)
 
@@ -172,21 +177,24 @@ def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list
     """Span indices sorted by length, cut into chunks whose padded size stays within `budget` tokens and
     whose shortest span is at least `spread` of the longest: token-wise layers skip padding anyway
     (model.py), attention and its dropout cost T^2 per span, so on a CPU a 40-token positive never waits on a
-    500-token anchor."""
+    500-token anchor. A chunk holds two spans at least, past the budget if need be: under --compile a chunk of one
+    would be a graph of its own (the compiler treats a size of 1 apart)."""
     order = np.argsort(-lengths, kind="stable")
     groups, start = [], 0
     for i in range(1, len(order) + 1):
         top = lengths[order[start]]
-        if i == len(order) or (i - start + 1) * top > budget or lengths[order[i]] < spread * top:
+        if i == len(order) or i - start >= 2 and ((i - start + 1) * top > budget or lengths[order[i]] < spread * top):
             groups.append(order[start:i])
             start = i
+    if len(groups) > 1 and len(groups[-1]) == 1:  # the shortest span left alone joins the chunk before it
+        groups[-2:] = [np.concatenate(groups[-2:])]
     return groups
 
 
 def chunk_forward(encoder, ids, mask, real, mlm_at, mlm_targets, mlm_scale):
     """One chunk of spans -> their embeddings (g, H) and this rank's share of the MLM loss of the anchors among them.
     What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask if real is not None else None, real=real)  # (g, T, H)
+    h = encoder(ids, mask, real=real)  # (g, T, H)
     # §3.1: a span's embedding is the mean of its token states
     emb = mean_pool(h, mask).float()  # (g, H)
     if mlm_at is None:
@@ -410,6 +418,19 @@ def train(run: Run):
                 dist.barrier()
         if stop and run.step < run.total:
             raise Terminated
+    if cfg.compile:
+        graphs, gave_up = compiled_graphs()
+        common.say(run.rank, f"--compile: {graphs} graph(s) compiled" + ("; the recompile limit was reached, and the "
+                                                                          "chunks after it ran eager" if gave_up else ""))
+
+
+def compiled_graphs() -> tuple[int, bool]:
+    """(graphs torch.compile has built in this process, whether it reached its recompile limit and fell back to eager).
+    Spans gives every chunk the same kinds of input, so a run builds one graph, two with GradCache (with and without
+    gradients)."""
+    counters = torch._dynamo.utils.counters
+    gave_up = any(k.startswith("Dynamo recompile limit") for k in counters["unimplemented"])
+    return counters["stats"]["unique_graphs"], gave_up
 
 
 def score_and_keep_best(run: Run, rec: dict):
@@ -547,27 +568,52 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
 
 
 def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
-    """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing."""
+    """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing. Rank 0
+    decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
+    from its own --out, or the whole run stops before its first step, every rank with the same line."""
     if not cfg.data and not cfg.resume:
         cfg = demo_config(cfg, procs)
+    mine = {}  # rank 0's checkpoint, read while deciding
+
+    def decide() -> str:
+        out, mine["resume"] = start_point(cfg)
+        return json.dumps({"out": str(out), "step": mine["resume"].step if mine["resume"] else None})
+
+    decision = json.loads(common.made_once(procs.store, "run-folder", decide, maker=procs.rank == 0))
+    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=decision["out"])
+    out, step, resume_from, problem = Path(decision["out"]), decision["step"], mine.get("resume"), ""
+    if step is not None and procs.rank != 0:
+        path = out / "checkpoints" / f"step-{step:08d}"
+        try:
+            if not path.is_dir():
+                raise UserError(f"{path}: not there")
+            resume_from = Resume(path, common.read_train_state(path), load_pretrained(str(path), verbose=False))
+        except UserError as e:
+            problem = (f"rank {procs.rank} on machine {procs.node} cannot resume at step {step} as rank 0 does ({e}): "
+                       f"--out must be one folder that every machine sees, or hold a copy of rank 0's checkpoint")
+    if problems := [p for p in common.every_rank_says(procs.store, "resume-read", problem, procs.rank, procs.world) if p]:
+        raise UserError(problems[0], code=2)
+    return (resumed_config(cfg, given, resume_from), out, resume_from) if resume_from else (cfg, out, None)
+
+
+def start_point(cfg: TrainConfig) -> tuple[Path, Resume | None]:
+    """Where the run starts, as rank 0 sees it: (its folder, its newest good checkpoint or None)."""
     if cfg.resume and not cfg.out:  # the newest of the default run folders: `python train.py --resume` after the demo
         cfg = replace(cfg, out=str(max(DEFAULT_OUTS, key=lambda d: common.newest_mtime(Path(d)))))
-    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or DEFAULT_OUTS[0])
-    out = Path(cfg.out)
+    out = Path(cfg.out or DEFAULT_OUTS[0])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
     if cfg.resume or restarted():
-        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False), procs.rank)
+        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False))
         if found:
-            resume_from = Resume(*found)
-            return resumed_config(cfg, given, resume_from), out, resume_from
+            return out, Resume(*found)
         if not restarted():
             raise UserError(f"{out}: no checkpoint to resume from")
     # An earlier run is a checkpoint or a model; a run that stopped before its first checkpoint left only its log
     earlier = common.checkpoints(out) or any((out / d).exists() for d in ("model", "best"))
     if earlier and not (cfg.overwrite or restarted()):  # a restart before the first checkpoint starts afresh
         raise UserError(f"{out} holds an earlier run; pass --resume to continue it or --overwrite to replace it")
-    return cfg, out, None
+    return out, None
 
 
 DEFAULT_OUTS = ("runs/declutr", "runs/demo")

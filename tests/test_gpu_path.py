@@ -121,6 +121,43 @@ def test_compile_matches_eager_with_the_mlm_head_in_the_graph():
     assert dynamo.utils.counters["stats"]["unique_graphs"] == 1  # dynamic shapes: the second batch recompiles nothing
 
 
+def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, monkeypatch, capsys):
+    """25 steps of varied spans with --compile, then 25 more with --grad-cache: chunks of one span, chunks without an
+    anchor or padding, a single masked token and GradCache's pass without gradients all reuse a graph; two in all,
+    never the recompile limit (past which dynamo runs eager, warning once). Dynamo's eager backend keeps this to
+    seconds: what is compiled and when is decided above the backend (inductor gives the same counts)."""
+    import functools
+
+    import torch._dynamo as dynamo
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    args = ["--steps", "25", "--compile", "--min-span", "4", "--max-span", "48", "--chunk-tokens", "96"]
+    T.main(run_args(docs, tmp_path / "plain", *args))
+    assert T.compiled_graphs() == (1, False)
+    T.main(run_args(docs, tmp_path / "gc", *args, "--grad-cache"))
+    assert T.compiled_graphs() == (2, False)  # GradCache: the same graph, and one without gradients
+    out = capsys.readouterr().out
+    assert out.count("--compile: 1 graph(s) compiled\n") == 1 and out.count("--compile: 2 graph(s) compiled\n") == 1
+    # and the count would tell: the same chunks given as before (no positions where there is no padding, no targets
+    # where there is no anchor) build a graph for each kind
+    for old_inputs in (False, True):
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+        compiled = T.Chunks(tiny_encoder(), compile=True)
+        for seed in range(3):  # padded anchors; positives all of one length, so unpadded and without an anchor
+            batch = synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 4))
+            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, world=1)
+            for k in range(len(spans.groups)):
+                ids, mask, real, mlm_at, targets = spans.chunk(k)
+                if old_inputs:
+                    real = None if mask.all() else real
+                    mlm_at, targets = (mlm_at, targets) if (targets != -100).any() else (None, None)
+                compiled.chunk_forward(compiled.encoder, ids, mask, real, mlm_at, targets, spans.mlm_scale)
+        assert (T.compiled_graphs()[0] > 1) == old_inputs
+
+
 # --- resuming on another device ----------------------------------------------------------------------------------
 
 
@@ -185,14 +222,12 @@ def test_the_host_side_plan_matches_the_device_side_way():
     for k, group in enumerate(spans.groups):
         ids, mask, real, mlm_at, mlm_targets = spans.chunk(k)
         T_k = ids.shape[1]
-        want_real = mask.flatten().nonzero().squeeze(1)
-        assert torch.equal(real, want_real) if real is not None else bool(mask.all())
+        assert torch.equal(real, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
         chunk_labels = torch.nn.functional.pad(labels, (0, max(0, T_k - labels.shape[1])), value=-100)[group, :T_k]
         picked = (chunk_labels != -100).flatten().nonzero().squeeze(1)
-        if mlm_at is None:
-            assert picked.numel() == 0
-        else:
-            assert torch.equal(mlm_at, picked) and torch.equal(mlm_targets, chunk_labels.flatten()[picked])
+        kept = mlm_targets != -100  # at least two targets a chunk, the added ones ignored (one graph under --compile)
+        assert len(mlm_at) == max(2, len(picked)) and int(kept.sum()) == len(picked)
+        assert torch.equal(mlm_at[kept], picked) and torch.equal(mlm_targets[kept], chunk_labels.flatten()[picked])
     assert int(spans.part("n_masked")[0]) == int((batch["mlm_labels"] != -100).sum())
     # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
     gpu = T.length_groups(spans.lengths, 200, spread=0.0)

@@ -58,7 +58,13 @@ def test_length_groups():
     assert sorted(flat.tolist()) == list(range(7))
     assert (np.diff(lengths[flat]) <= 0).all()  # longest first
     assert all(len(g) * lengths[g].max() <= 90 for g in groups)
-    assert len(T.length_groups(lengths, 9)) == 7  # a span longer than the budget still runs, alone
+    # spans longer than the budget still run, two to a chunk: a chunk of one would be a graph of its own (--compile)
+    assert [lengths[g].tolist() for g in T.length_groups(lengths, 9)] == [[40, 40], [33, 12], [7, 5, 3]]
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # never a chunk of one span, whatever the lengths, budget and spread
+        lengths = rng.integers(3, 512, rng.integers(2, 40))
+        groups = T.length_groups(lengths, int(rng.integers(1, 4000)), spread=float(rng.choice([0.0, 0.8])))
+        assert min(map(len, groups)) >= 2 and sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
 
 
 @pytest.mark.parametrize("chunk", [100_000, 150])
