@@ -38,23 +38,24 @@ import torch.distributed as dist
 
 class UserError(Exception):
     """Input that cannot be used (a path, a flag, a checkpoint); the message is one line meant for the user.
-    Exit code 2 for a flag whose value is out of range (as argparse does), 1 for everything else."""
+    Exit code 2 for a flag whose value is out of range (as argparse does), 1 for everything else. alone: under
+    torchrun, this rank alone meets it (the others would stop on their own), so it says it whatever its rank."""
 
-    def __init__(self, message: str, code: int = 1):
+    def __init__(self, message: str, code: int = 1, alone: bool = False):
         super().__init__(message)
-        self.code = code
+        self.code, self.alone = code, alone
 
 
 def cli(main):
     """Wrap a script's main(argv): a UserError ends the process with `error: ...` on stderr and its exit code.
-    Under torchrun every rank raises the same error, and only rank 0 prints it."""
+    Under torchrun every rank raises the same error, and only rank 0 prints it (unless it is the rank's alone)."""
 
     @functools.wraps(main)
     def wrapped(argv=None):
         try:
             return main(argv)
         except UserError as e:
-            if os.environ.get("RANK", "0") == "0":
+            if os.environ.get("RANK", "0") == "0" or e.alone:
                 print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.code)
 

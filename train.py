@@ -385,10 +385,11 @@ def train(run: Run):
             g["lr"] = lr_at(run.step, run.total, cfg)
         # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
-        # Forward and backward of this rank's documents
-        stats = train_step(run.chunks, batch, cfg, run.world, run.scaler)
-        # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
-        gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
+        with out_of_memory_is_one_line(run):
+            # Forward and backward of this rank's documents
+            stats = train_step(run.chunks, batch, cfg, run.world, run.scaler)
+            # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
+            gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
         # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
         stop = torch.full((), float(run.stop.asked), device=gnorm.device)
         if run.world > 1:
@@ -431,6 +432,21 @@ def compiled_graphs() -> tuple[int, bool]:
     counters = torch._dynamo.utils.counters
     gave_up = any(k.startswith("Dynamo recompile limit") for k in counters["unimplemented"])
     return counters["stats"]["unique_graphs"], gave_up
+
+
+@contextlib.contextmanager
+def out_of_memory_is_one_line(run: Run):
+    """A step that does not fit on the GPU stops the run with the way out, the last checkpoint as it was. Said by the
+    rank it happened on, whichever that is; the others stop at their next collective."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        cfg = run.cfg
+        fix = f"--chunk-tokens {max(512, cfg.chunk_tokens // 4)}" if cfg.grad_cache else "--grad-cache --chunk-tokens 4096"
+        raise UserError(f"out of memory on {run.encoder.embeddings.word.weight.device} in step {run.step + 1} "
+                        f"({cfg.docs_per_step // run.world} documents on this rank): pass {fix} (the same gradient, "
+                        f"less memory), or give each GPU fewer documents (more GPUs, or a smaller --docs-per-step); "
+                        f"last checkpoint: {run.last_good or 'none yet'}", alone=True) from None
 
 
 def score_and_keep_best(run: Run, rec: dict):

@@ -45,6 +45,36 @@ def test_more_processes_than_gpus_is_one_line(monkeypatch, capsys):
     assert "--nproc_per_node=2" in err
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_out_of_memory_in_a_step_is_one_line_naming_the_way_out(tmp_path, docs, monkeypatch, capsys, rank):
+    """torch.OutOfMemoryError from the third step (as a GPU raises it): one line on stderr, from whichever rank met it,
+    naming --grad-cache and fewer documents per GPU; exit 1; the checkpoint of step 2 byte for byte as it was."""
+    T.main(run_args(docs, tmp_path / "r", "--steps", "2", "--ckpt-every", "2"))
+    ckpt = tmp_path / "r" / "checkpoints" / "step-00000002"
+    before = {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
+    real_step, calls = T.train_step, []
+
+    def step(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:  # the first step of the resumed run, step 3
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB")
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(T, "train_step", step)
+    monkeypatch.setenv("RANK", rank)  # what cli reads: a rank other than 0 says this error too
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "4"])
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert e.value.code == 1 and "Traceback" not in err, err
+    assert line.startswith("error: out of memory on cpu in step 3 (4 documents on this rank): pass --grad-cache "
+                          "--chunk-tokens 4096") and "fewer documents" in line and line.endswith(f"last checkpoint: {ckpt}")
+    assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
+    assert common.checkpoints(tmp_path / "r") == [ckpt]
+    assert [s for s, *_ in trace(tmp_path / "r")] == [1, 2]
+
+
 # --- precision -------------------------------------------------------------------------------------------------
 
 
