@@ -596,8 +596,9 @@ def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
         return json.dumps({"out": str(out), "step": mine["resume"].step if mine["resume"] else None})
 
     decision = json.loads(common.made_once(procs.store, "run-folder", decide, maker=procs.rank == 0))
-    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=decision["out"])
-    out, step, resume_from, problem = Path(decision["out"]), decision["step"], mine.get("resume"), ""
+    # Each machine its own --out (one shared folder, or one each); with none given, the one rank 0 chose
+    cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or decision["out"])
+    out, step, resume_from, problem = Path(cfg.out), decision["step"], mine.get("resume"), ""
     if step is not None and procs.rank != 0:
         path = out / "checkpoints" / f"step-{step:08d}"
         try:

@@ -270,6 +270,42 @@ def test_two_nodes_on_loopback(tmp_path, docs, reap):
 
 
 @pytest.mark.slow
+def test_two_nodes_resume_at_rank_0s_step_or_stop_with_one_line(tmp_path, docs, reap):
+    """Two torchrun "nodes" on loopback. Each with its own --out (machines without a shared filesystem: only rank 0
+    wrote a checkpoint): --resume stops before its first step with one line saying so, every rank exit 2, nothing of
+    the run changed. With one --out both see: both resume at rank 0's step, and after one more step both ranks hold
+    the same weights (the optimizer's state came back on each)."""
+    def nodes(outs, *extra):
+        port = free_port()
+        # c10d numbers the machines in the order of their addresses: node n is 127.0.0.{n + 1}, so machine n
+        procs = [reap(torchrun("--nnodes=2", "--nproc_per_node=1", f"--local_addr=127.0.0.{n + 1}",
+                               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=declutr-resume",
+                               str(ROOT / "tests" / "rank_weights.py"), *run_args(docs, out, *extra)),
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                      env={**os.environ, "OMP_NUM_THREADS": "1", "RANK_WEIGHTS": str(tmp_path)})
+                 for n, out in enumerate(outs)]
+        return [p.communicate(timeout=150)[0] for p in procs], [p.returncode for p in procs]
+
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    outs, codes = nodes([shared, shared], "--steps", "2", "--ckpt-every", "2")
+    assert codes == [0, 0], outs
+    files = {p: p.read_bytes() for p in shared.rglob("*") if p.is_file()}
+    own.mkdir()
+    outs, codes = nodes([shared, own], "--resume", "--steps", "3")
+    lines = [line for out in outs for line in out.splitlines() if line.startswith("error: ")]
+    assert lines == [f"error: rank 1 on machine 1 cannot resume at step 2 as rank 0 does ({own}/checkpoints/"
+                     f"step-00000002: not there): --out must be one folder that every machine sees, or hold a copy "
+                     f"of rank 0's checkpoint"], outs
+    assert all(code != 0 for code in codes) and all("exitcode  : 2" in out for out in outs), outs  # torchrun's report
+    assert {p: p.read_bytes() for p in shared.rglob("*") if p.is_file()} == files and not any(own.iterdir())
+    outs, codes = nodes([shared, shared], "--resume", "--steps", "3")
+    assert codes == [0, 0] and "resuming at step 2 from" in outs[0], outs
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert [r["step"] for r in ranks] == [3, 3] and [s for s, *_ in trace(shared)] == [1, 2, 3]
+    assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
+
+
+@pytest.mark.slow
 def test_torchrun_restart_resumes_and_finishes(tmp_path, docs, reap):
     p = reap(torchrun("--nproc_per_node=2", "--max-restarts=1", "--rdzv_backend=c10d",
                                   f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=declutr-restart",
