@@ -510,8 +510,10 @@ def rendezvous(rank: int, world: int):
 
 
 def init_process_group(procs: Processes, timeout_s: int):
-    """NCCL on GPUs, gloo on CPUs; a collective that waits longer than timeout_s for another rank stops the job."""
-    if procs.world > 1:
+    """NCCL on GPUs, gloo on CPUs, for processes that met in a store (torchrun's; none for one plain process); a
+    collective that waits longer than timeout_s for another rank stops the job. The GPU is named with its index, as
+    NCCL's process group must be bound to one device (processes() sets it)."""
+    if procs.store is not None:
         cuda = procs.device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", store=procs.store, rank=procs.rank, world_size=procs.world,
                                 timeout=timedelta(seconds=timeout_s), device_id=procs.device if cuda else None)

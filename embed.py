@@ -202,6 +202,10 @@ def device_and_dtype(device: str, dtype: str):
     """--device and --dtype, for embed.py and evaluate_sts.py alike: an STS score is the score of the embeddings that
     embed.py writes. auto: fp32 on a CPU, bf16 on a GPU that has it, else fp16."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this torch sees no GPU (torch.cuda.is_available() is False)", code=2)
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
     if dtype not in ("auto", "fp32") and device.type == "cpu":
         raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32")
     return device, autocast_dtype(dtype, device)

@@ -421,8 +421,8 @@ def train(run: Run):
             raise Terminated
     if cfg.compile:
         graphs, gave_up = compiled_graphs()
-        common.say(run.rank, f"--compile: {graphs} graph(s) compiled" + ("; the recompile limit was reached, and the "
-                                                                          "chunks after it ran eager" if gave_up else ""))
+        common.say(run.rank, f"--compile: {graphs} graph(s) compiled" + (
+            "; the recompile limit was reached, and the chunks after it ran eager" if gave_up else ""))
 
 
 def compiled_graphs() -> tuple[int, bool]:
@@ -442,7 +442,8 @@ def out_of_memory_is_one_line(run: Run):
         yield
     except torch.OutOfMemoryError:
         cfg = run.cfg
-        fix = f"--chunk-tokens {max(512, cfg.chunk_tokens // 4)}" if cfg.grad_cache else "--grad-cache --chunk-tokens 4096"
+        fix = f"--chunk-tokens {max(512, cfg.chunk_tokens // 4)}" if cfg.grad_cache else \
+            "--grad-cache --chunk-tokens 4096"
         raise UserError(f"out of memory on {run.encoder.embeddings.word.weight.device} in step {run.step + 1} "
                         f"({cfg.docs_per_step // run.world} documents on this rank): pass {fix} (the same gradient, "
                         f"less memory), or give each GPU fewer documents (more GPUs, or a smaller --docs-per-step); "
@@ -564,9 +565,8 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
     opt = make_optimizer(encoder, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=common.autocast_dtype(cfg.dtype, device) == torch.float16)
     chunks = Chunks(encoder, compile=cfg.compile)
-    if world > 1:  # gradients all-reduced in buckets during backward; the MLM head is unused under --no-mlm
-        chunks = DDP(chunks, device_ids=[device.index] if device.type == "cuda" else None,
-                     find_unused_parameters=not cfg.mlm)
+    if world > 1:
+        chunks = data_parallel(chunks, device, cfg)
     run = Run(cfg, out, encoder, chunks, tok, opt, scaler, batches, total, rank=rank, world=world)
     if resume_from:
         load_optimizer(opt, resume_from.state["optimizer"])
@@ -581,6 +581,12 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
                      f"{cfg.docs_per_step} documents, {total / batches.steps_per_epoch:.1f} passes over its "
                      f"{len(batches.docs):,} documents")
     return run
+
+
+def data_parallel(chunks: Chunks, device: torch.device, cfg: TrainConfig) -> DDP:
+    """DDP(Chunks): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the CPU;
+    the MLM head is unused under --no-mlm."""
+    return DDP(chunks, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=not cfg.mlm)
 
 
 def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
@@ -608,7 +614,8 @@ def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
         except UserError as e:
             problem = (f"rank {procs.rank} on machine {procs.node} cannot resume at step {step} as rank 0 does ({e}): "
                        f"--out must be one folder that every machine sees, or hold a copy of rank 0's checkpoint")
-    if problems := [p for p in common.every_rank_says(procs.store, "resume-read", problem, procs.rank, procs.world) if p]:
+    said = common.every_rank_says(procs.store, "resume-read", problem, procs.rank, procs.world)
+    if problems := [p for p in said if p]:
         raise UserError(problems[0], code=2)
     return (resumed_config(cfg, given, resume_from), out, resume_from) if resume_from else (cfg, out, None)
 

@@ -1,24 +1,29 @@
 """
 The one-shot GPU check: is the code right on a GPU, and how fast is it there? Run by bench/gpu_check.sh.
 
-    bash bench/gpu_check.sh                 # one GPU, under 10 minutes
-    bash bench/gpu_check.sh --dry-run       # on a CPU, small: every section that can run without a GPU, < 3 minutes
+    bash bench/gpu_check.sh                 # one GPU: about 4 minutes by estimate, 8 at the most (docs/gpu.md)
+    bash bench/gpu_check.sh --dry-run       # on a CPU, small: every section that can run without a GPU
+    bash bench/gpu_check.sh --sections ce   # a rerun of some sections
 
-Sections, each with its own time limit; each prints its results as they come and the whole is rewritten as JSON
-(--json, default runs/gpu_check.json) after every section, so that a timeout loses nothing:
-  a. CPU fp32 against the GPU in fp32 on the same weights and batch (embeddings; train_step's loss and gradients;
-     dropout off; padded and unpadded), and bf16 against fp32 on the GPU (cosine >= 0.999)
-  b. GradCache's gradient against the plain step's on the GPU with dropout on, eager and compiled
-  c. --compile against eager: the same losses, graph breaks and recompiles counted, step times
-  d. a one-rank NCCL process group: DDP(Chunks), no_sync, the gather's backward, broadcast_object_list, barrier
-  e. train.py --steps 30, distilroberta-base shape, N=16: tokens/s, MFU against the GPU's bf16 peak, peak memory,
-     chunks and host-GPU synchronisations per step (torch.cuda.set_sync_debug_mode)
+Sections, each with its own time limit (they add up to less than the shell's); each prints its results as they come,
+the JSON (--json, default runs/gpu_check.json) is rewritten after every section, and the summary, as text and JSON,
+is written whatever a section raises (SystemExit and the shell's SIGTERM included). Each can pass on a correct GPU
+and fail on a wrong one:
+  a. the GPU in fp32 (TF32 off) against the CPU on the same weights and batch (embeddings; train_step's loss and
+     gradients; dropout off; padded and unpadded), and bf16 against fp32 on the GPU (cosine >= 0.999)
+  b. GradCache's gradient against the plain step's with dropout on, eager and compiled, in fp32
+  c. --compile against eager on four batches: fp32 within 1e-3; bf16 within twice the spread of eager bf16 against
+     eager fp32, measured here; no graph break, at most two graphs (fp32, bf16), no fall back to eager
+  d. a one-rank NCCL process group set up as train.py sets it up: DDP(Chunks)'s gradient (plain and GradCache's
+     no_sync) against the bare step's; the gather's forward and backward through NCCL against a hand-worked gradient
+  e. train.py --steps 30, distilroberta-base shape, N=16: tokens/s, MFU against the GPU's bf16 peak, peak memory
+     against the estimate (bench/gpu_memory.py), chunks and host-GPU synchronisations per step
   f. which attention kernel runs for the encoder's masked attention
   g. embed.encode sentences/s, and the STS-B dev score on the GPU against the CPU's (within 0.1)
   h. packed attention (torch.nn.attention.varlen.varlen_attn over the concatenated spans, cumulative lengths from
-     the host) against the padded path: tokens/s and the gradient
+     the host) against the padded path: tokens/s, and the gradient within twice bf16's own spread
 Models are random-init (the distilroberta-base shape on a GPU, tiny in a dry run) with a BPE trained on the check's
-documents: 32 Gutenberg books under DECLUTR_SHARED if there, else Python's own docstrings joined into long
+documents: 16 Gutenberg books under DECLUTR_SHARED if there, else Python's own docstrings joined into long
 documents. (g) scores all-MiniLM-L6-v2 on STS-B dev when DECLUTR_SHARED has them.
 """
 import argparse
@@ -58,12 +63,12 @@ class Check:
 
     def __init__(self, dry: bool, out: Path):
         self.dry, self.out, self.results = dry, out, {}
-        self.dev = torch.device("cpu" if dry else "cuda")
+        self.dev = device(dry)
         self.shape = "tiny" if dry else "distilroberta-base"
         self.docs_per_step, self.max_span = (4, 64) if dry else (16, 510)
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-        self.docs = documents(self.tmp / "docs", 12 if dry else 32)
-        texts = common.document_texts([self.docs], max_chars=(2 if dry else 40) << 20)
+        self.docs = documents(self.tmp / "docs", 12 if dry else 16)
+        texts = common.document_texts([self.docs], max_chars=(2 if dry else 8) << 20)
         self.tok = train_tokenizer(texts, 4096 if dry else 50265)
         self.corpus = sampler.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"), quiet=True)
         self.cfg = train.TrainConfig(docs_per_step=self.docs_per_step, min_span=16 if dry else 32,
@@ -80,7 +85,7 @@ class Check:
 
     def sync(self):
         if self.dev.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.dev)
 
     def record(self, section: str, **values):
         self.results.setdefault(section, {}).update(values)
@@ -88,6 +93,20 @@ class Check:
             print(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}", flush=True)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.out.write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+
+
+def device(dry: bool) -> torch.device:
+    """The device as train.py finds it: cuda:LOCAL_RANK, with its index (NCCL's process group is bound to one)."""
+    return torch.device("cpu") if dry else common.processes().device
+
+
+def one_rank_process_group(dev: torch.device) -> common.Processes:
+    """One rank meeting in a store of its own, its process group set up as train.py's (NCCL on a GPU)."""
+    import torch.distributed as dist
+
+    procs = common.Processes(rank=0, local=0, world=1, device=dev, store=dist.HashStore())
+    common.init_process_group(procs, 60)
+    return procs
 
 
 def documents(folder: Path, n: int) -> Path:
@@ -120,125 +139,152 @@ def step(check: Check, enc, batch, **overrides) -> dict:
     return {"loss": float(stats["contrastive"] + stats["mlm"]), "grads": grads(enc)}
 
 
+@contextlib.contextmanager
+def exact_fp32():
+    """fp32 that means fp32: TF32 off for the section's matmuls (train.py turns it on), back on after."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+
 # -----------------------------------------------------------------------------------------------
 # The sections
 
 
 def parity(check: Check):
     """(a) the GPU in fp32 against the CPU on the same weights; bf16 against fp32 on the GPU."""
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32 means fp32 here
     cpu = check.encoder().cpu()
     gpu = check.encoder().to(check.dev)
     gpu.load_state_dict(cpu.state_dict())
     batch = check.batches[0]
     ids, mask = batch["anchors"], batch["anchor_mask"]
     full = batch["anchors"][:4, :int(batch["anchor_lengths"][:4].min())]  # cut to the shortest: no padding
-    with torch.no_grad():
+    with torch.no_grad(), exact_fp32():
         for name, (x, m) in {"padded": (ids, mask), "unpadded": (full, torch.ones_like(full))}.items():
-            a, b = cpu.embed(x, m), gpu.embed(x.to(check.dev), m.to(check.dev)).cpu()
+            a = model.mean_pool(cpu(x, m), m)
+            b = model.mean_pool(gpu(x.to(check.dev), m.to(check.dev)), m.to(check.dev)).cpu()
             check.record("a", **{f"embeddings_{name}_max_abs_diff": float((a - b).abs().max()),
                                  f"embeddings_{name}_min_cosine": float(torch.cosine_similarity(a, b).min())})
-    ref = step(check, cpu, batch, dtype="fp32")
-    got = step(check, gpu, batch, dtype="fp32")
+    with exact_fp32():
+        ref = step(check, cpu, batch, dtype="fp32")
+        got = step(check, gpu, batch, dtype="fp32")
     check.record("a", train_step_loss_cpu=ref["loss"], train_step_loss_gpu=got["loss"],
                  train_step_worst_relative_grad_diff=worst_relative(got["grads"], ref["grads"]))
-    with torch.no_grad():
+    with torch.no_grad(), exact_fp32():
         x, m = ids.to(check.dev), mask.to(check.dev)
-        e32 = gpu.embed(x, m)
+        e32 = model.mean_pool(gpu(x, m), m)
         with torch.autocast(check.dev.type, dtype=torch.bfloat16):
-            e16 = gpu.embed(x, m).float()
+            e16 = model.mean_pool(gpu(x, m), m).float()
     cos = float(torch.cosine_similarity(e16, e32).min())
     r = check.results["a"]
     check.record("a", bf16_vs_fp32_min_cosine=cos, bf16_ok=cos >= 0.999,
                  passed=cos >= 0.999 and r["train_step_worst_relative_grad_diff"] <= 1e-3
                  and min(r["embeddings_padded_min_cosine"], r["embeddings_unpadded_min_cosine"]) >= 0.99999)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
 
 def grad_cache(check: Check):
-    """(b) GradCache = the plain step, with dropout on (the RNG replay), eager and compiled."""
+    """(b) GradCache = the plain step, with dropout on (the RNG replay), eager and compiled, in fp32."""
     batch = check.batches[1]
-    for compiled in (False, True):
-        enc = check.encoder(dropout=True)
-        torch.manual_seed(3)
-        plain = step(check, enc, batch, chunk_tokens=2048, compile=compiled)
-        torch.manual_seed(3)
-        cached = step(check, enc, batch, chunk_tokens=2048, grad_cache=True, compile=compiled)
-        check.record("b", **{f"{'compiled' if compiled else 'eager'}_worst_relative_grad_diff":
-                             worst_relative(cached["grads"], plain["grads"])})
+    with exact_fp32():
+        for compiled in (False, True):
+            enc = check.encoder(dropout=True)
+            torch.manual_seed(3)
+            plain = step(check, enc, batch, chunk_tokens=2048, compile=compiled, dtype="fp32")
+            torch.manual_seed(3)
+            cached = step(check, enc, batch, chunk_tokens=2048, grad_cache=True, compile=compiled, dtype="fp32")
+            check.record("b", **{f"{'compiled' if compiled else 'eager'}_worst_relative_grad_diff":
+                                 worst_relative(cached["grads"], plain["grads"])})
     check.record("b", passed=all(v <= 1e-3 for v in check.results["b"].values()))
 
 
 def compile_check(check: Check):
-    """(c) --compile against eager: losses and gradients, graph breaks, recompiles, step time."""
+    """(c) --compile against eager: fp32 gradients, bf16 against its own spread, graph breaks, graphs, step time."""
     import torch._dynamo as dynamo
 
-    dynamo.utils.counters.clear()
-    eager, compiled = check.encoder(), check.encoder()
-    compiled.load_state_dict(eager.state_dict())
-    times = {"eager": [], "compiled": []}
+    dynamo.utils.counters["graph_break"].clear()
+    graphs_before = train.compiled_graphs()[0]
+    encoders = {name: check.encoder() for name in ("eager", "compiled")}
+    encoders["compiled"].load_state_dict(encoders["eager"].state_dict())
+    times, r = {"eager": [], "compiled": []}, {}
     for i in range(4):
-        batch = check.batches[2 + i]
-        for name, enc in (("eager", eager), ("compiled", compiled)):
-            check.sync()
-            t = time.perf_counter()
-            out = step(check, enc, batch, compile=name == "compiled")
-            check.sync()
-            times[name].append(time.perf_counter() - t)
-            if name == "eager":
-                ref = out
-        check.record("c", **{f"batch{i}_loss_diff": abs(out["loss"] - ref["loss"]),
-                             f"batch{i}_worst_relative_grad_diff": worst_relative(out["grads"], ref["grads"])})
+        batch, out = check.batches[2 + i], {}
+        with exact_fp32():
+            for dtype in ("fp32", "bf16"):
+                for name, enc in encoders.items():
+                    check.sync()
+                    t = time.perf_counter()
+                    out[name, dtype] = step(check, enc, batch, compile=name == "compiled", dtype=dtype)
+                    check.sync()
+                    times[name].append(time.perf_counter() - t)
+        ref = out["eager", "fp32"]["grads"]
+        r[i] = dict(fp32=worst_relative(out["compiled", "fp32"]["grads"], ref),
+                    bf16_spread=worst_relative(out["eager", "bf16"]["grads"], ref),
+                    bf16=worst_relative(out["compiled", "bf16"]["grads"], ref))
+        check.record("c", **{f"batch{i}_{k}_worst_relative_grad_diff": v for k, v in r[i].items()})
         with torch.no_grad():  # the same update on both, so the next batch compares the same weights again
-            for p in eager.parameters():
-                p.add_(p.grad, alpha=-1e-4)
-            for p in compiled.parameters():
-                p.add_(p.grad, alpha=-1e-4)
-    counters = dynamo.utils.counters
-    check.record("c", graph_breaks=sum(counters["graph_break"].values()),
-                 graph_break_reasons=dict(counters["graph_break"]), unique_graphs=counters["stats"]["unique_graphs"],
-                 eager_step_s=float(np.median(times["eager"][1:])),
-                 compiled_step_s=float(np.median(times["compiled"][1:])), first_compiled_step_s=times["compiled"][0])
-    diffs = [v for k, v in check.results["c"].items() if k.endswith("grad_diff")]
-    check.record("c", passed=check.results["c"]["graph_breaks"] == 0 and max(diffs) <= 1e-3
-                 and check.results["c"]["unique_graphs"] <= 8)
+            for enc in encoders.values():
+                for n, p in enc.named_parameters():
+                    p.add_(ref[n].to(p.device), alpha=-1e-4)
+    graphs, gave_up = train.compiled_graphs()
+    breaks = dynamo.utils.counters["graph_break"]
+    check.record("c", graph_breaks=sum(breaks.values()), graph_break_reasons=dict(breaks),
+                 graphs_compiled_here=graphs - graphs_before, recompile_limit_reached=gave_up,
+                 eager_step_s=float(np.median(times["eager"][2:])),
+                 compiled_step_s=float(np.median(times["compiled"][2:])),
+                 first_compiled_steps_s=times["compiled"][:2])
+    check.record("c", passed=not breaks and not gave_up and graphs - graphs_before <= 2
+                 and all(v["fp32"] <= 1e-3 and v["bf16"] <= 2 * v["bf16_spread"] + 1e-3 for v in r.values()))
+
+
+def hand_worked_nt_xent_grad(a: torch.Tensor, p: torch.Tensor, tau: float):
+    """d NT-Xent / d(anchors, positives), worked out by hand in float64: with unit rows u = z/|z| of z = [a; p],
+    S = u u^T / tau (no diagonal) and P its row softmax, dL/dS = (P - Y) / 2M for the partners Y; then
+    dL/du = (G + G^T) u / tau and dL/dz = (dL/du - u (u . dL/du)) / |z|."""
+    z = torch.cat([a, p]).double().cpu()
+    m2 = len(z)
+    norm = z.norm(dim=1, keepdim=True)
+    u = z / norm
+    s = (u @ u.T / tau).masked_fill(torch.eye(m2, dtype=torch.bool), float("-inf"))
+    y = torch.zeros(m2, m2, dtype=torch.float64)
+    y[torch.arange(m2), torch.arange(m2).roll(m2 // 2)] = 1
+    g = (torch.softmax(s, dim=1) - y) / m2
+    du = (g + g.T) @ u / tau
+    dz = (du - u * (u * du).sum(1, keepdim=True)) / norm
+    return dz[:m2 // 2], dz[m2 // 2:]
 
 
 def ddp(check: Check):
-    """(d) a one-rank process group (NCCL on a GPU): DDP(Chunks), no_sync under GradCache, the gather's backward,
-    broadcast_object_list, barrier; DDP's gradient against the bare step's."""
+    """(d) a one-rank process group (NCCL on a GPU) as train.py sets it up: DDP(Chunks), no_sync under GradCache, the
+    gather through NCCL; DDP's gradient against the bare step's, the gather's against a hand-worked one."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    store = dist.HashStore()
-    cuda = check.dev.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=0, world_size=1,
-                            device_id=check.dev if cuda else None)
+    procs = one_rank_process_group(check.dev)
     try:
         batch = check.batches[6]
         enc = check.encoder()
         ref = step(check, enc, batch)
         for grad_cache_on in (False, True):
             enc.zero_grad(set_to_none=True)
-            chunks = DDP(train.Chunks(enc), device_ids=[check.dev.index or 0] if cuda else None)
             cfg = train.TrainConfig(**{**check.cfg.__dict__, "grad_cache": grad_cache_on, "chunk_tokens": 2048})
+            chunks = train.data_parallel(train.Chunks(enc), procs.device, cfg)
             train.train_step(chunks, batch, cfg, world=1)
             check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                  worst_relative(grads(enc), ref["grads"])})
             del chunks
-        x = torch.randn(6, 8, device=check.dev, requires_grad=True)
-        out = loss._Gather.apply(x)  # the all_gather whose backward all-reduces (identity on one rank)
-        (out * torch.arange(48.0, device=check.dev).view(6, 8)).sum().backward()
-        gather_ok = torch.equal(out, x) and torch.equal(x.grad, torch.arange(48.0, device=check.dev).view(6, 8))
-        objects = [None]
-        if dist.get_rank() == 0:
-            objects = [{"tokenizer": "json"}]
-        dist.broadcast_object_list(objects, src=0)
-        dist.barrier()
+        gen = torch.Generator().manual_seed(0)
+        a, p = (torch.randn(12, 64, generator=gen).to(check.dev).requires_grad_() for _ in range(2))
+        with exact_fp32():  # the all_gather whose backward all-reduces, into NT-Xent
+            loss.nt_xent(loss._Gather.apply(a), loss._Gather.apply(p), 0.05).backward()
+        want = hand_worked_nt_xent_grad(a.detach(), p.detach(), 0.05)
+        gather_diff = max(float((x.grad.double().cpu() - w).norm() / w.norm())
+                          for x, w in zip((a, p), want, strict=True))
         r = check.results["d"]
-        check.record("d", backend=dist.get_backend(), gather_backward_ok=gather_ok,
-                     broadcast_object_list_ok=objects == [{"tokenizer": "json"}], barrier_ok=True,
-                     passed=gather_ok and objects == [{"tokenizer": "json"}]
+        bound = dist.distributed_c10d._get_default_group().bound_device_id  # the GPU NCCL is bound to, with its index
+        check.record("d", backend=dist.get_backend(), bound_device=str(bound),
+                     gather_grad_vs_hand_worked=gather_diff,
+                     passed=gather_diff <= 1e-4
                      and max(r["ddp_worst_relative_grad_diff"], r["ddp_grad_cache_worst_relative_grad_diff"]) <= 1e-4)
     finally:
         dist.destroy_process_group()
@@ -374,6 +420,8 @@ def packed_attention(check: Check):
 
     batch = check.batches[7]
     padded_fn = model.SelfAttention.forward
+    with exact_fp32():
+        ref = step(check, check.encoder(), batch, dtype="fp32")["grads"]  # the padded path in fp32: the reference
     results = {}
     for name, fwd in (("padded", padded_fn), ("packed", packed_forward)):
         model.SelfAttention.forward = fwd
@@ -385,23 +433,31 @@ def packed_attention(check: Check):
             for _ in range(3):
                 out = step(check, enc, batch, dtype="bf16")
             check.sync()
-            results[name] = (out, 3 * int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
-                             / (time.perf_counter() - t))
+            tokens = 3 * int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
+            results[name] = (worst_relative(out["grads"], ref), tokens / (time.perf_counter() - t))
         finally:
             model.SelfAttention.forward = padded_fn
-    check.record("h", padded_tokens_per_s=results["padded"][1], packed_tokens_per_s=results["packed"][1],
-                 worst_relative_grad_diff_bf16=worst_relative(results["packed"][0]["grads"],
-                                                              results["padded"][0]["grads"]))
-    same = check.results["h"]["worst_relative_grad_diff_bf16"] <= 2e-2  # bf16 against bf16, dropout off
-    check.record("h", adopt=same and results["packed"][1] > results["padded"][1], passed=same)
+    (spread, padded_speed), (packed, packed_speed) = results["padded"], results["packed"]
+    same = packed <= 2 * spread + 1e-3  # as close to fp32 as bf16's own padded path is, within twice that
+    check.record("h", padded_tokens_per_s=padded_speed, packed_tokens_per_s=packed_speed,
+                 padded_bf16_vs_fp32_worst_relative_grad_diff=spread,
+                 packed_bf16_vs_fp32_worst_relative_grad_diff=packed,
+                 adopt=same and packed_speed > padded_speed, passed=same)
 
 
-SECTIONS = {"a": (parity, 60), "b": (grad_cache, 150), "c": (compile_check, 150), "d": (ddp, 60),
-            "e": (train_run, 180), "f": (attention_kernel, 30), "g": (embedding, 90), "h": (packed_attention, 60)}
+# Seconds each section may take on one GPU (a dry run: three times as long). With setup's they add up to 455 s, under
+# the 480 s that gpu_check.sh gives the whole; docs/gpu.md gives each one's estimate, about 4 minutes in all.
+SETUP_LIMIT = 60
+SECTIONS = {"a": (parity, 45), "b": (grad_cache, 100), "c": (compile_check, 80), "d": (ddp, 30),
+            "e": (train_run, 60), "f": (attention_kernel, 15), "g": (embedding, 45), "h": (packed_attention, 20)}
 
 
 class TimeLimit(Exception):
     pass
+
+
+class Terminated(BaseException):
+    """SIGTERM (gpu_check.sh's timeout): no more sections, but the summary is written."""
 
 
 @contextlib.contextmanager
@@ -417,6 +473,38 @@ def time_limit(seconds: int):
         signal.alarm(0)
 
 
+def run_section(check: Check, key: str, scale: int):
+    """One section under its time limit; whatever it raises (SystemExit from train.main too) is its result."""
+    fn, limit = SECTIONS[key]
+    print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
+    if key == "h" and check.dev.type != "cuda":
+        check.record(key, status="skipped: varlen_attn runs on CUDA only")
+        return
+    t = time.time()
+    try:
+        with time_limit(limit * scale):
+            fn(check)
+        check.record(key, status="ok", seconds=time.time() - t)
+    except (Exception, SystemExit) as e:  # reported, and the next section runs
+        print(traceback.format_exc(limit=-3), flush=True)
+        why = str(e).splitlines()[0][:300] if str(e) else ""
+        check.record(key, status=f"failed: {type(e).__name__}: {why}", seconds=time.time() - t)
+
+
+def summarise(check: Check, sections: str, t0: float):
+    """pass, FAIL (ran, and a result is wrong), failed: ... (raised), skipped: ..., or not run; as JSON and a table."""
+    summary = {}
+    for key in sections:
+        r = check.results.get(key, {})
+        status = r.get("status", "not run")
+        summary[key] = ("pass" if r.get("passed") else "FAIL") if status == "ok" else status
+    check.record("summary", **summary, seconds=round(time.time() - t0))
+    print(f"\n{'section':<8} {'result':<60} seconds")
+    for key in sections:
+        print(f"{key:<8} {summary[key][:60]:<60} {check.results.get(key, {}).get('seconds', float('nan')):.0f}")
+    print(f"done in {time.time() - t0:.0f}s; results in {check.out}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, small: every section that can run there")
@@ -425,31 +513,31 @@ def main():
     args = ap.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no GPU here: bash bench/gpu_check.sh --dry-run runs the check on the CPU")
+    if unknown := set(args.sections) - set(SECTIONS):
+        sys.exit(f"--sections {args.sections}: no section {', '.join(sorted(unknown))} (one of {''.join(SECTIONS)})")
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    t0 = time.time()
-    check = Check(args.dry_run, Path(args.json))
-    check.record("setup", device=torch.cuda.get_device_name() if not args.dry_run else "cpu (dry run)",
-                 torch=torch.__version__, python=platform.python_version(), shape=check.shape,
-                 setup_s=time.time() - t0)
-    for key in args.sections:
-        fn, limit = SECTIONS[key]
-        print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
-        if key == "h" and check.dev.type != "cuda":
-            check.record(key, status="skipped: varlen_attn runs on CUDA only")
-            continue
-        t = time.time()
-        try:
-            with time_limit(limit * (2 if check.dry else 1)):
-                fn(check)
-            check.record(key, status="ok", seconds=time.time() - t)
-        except Exception as e:  # a section that fails is reported, and the next one runs
-            print(traceback.format_exc(limit=-3), flush=True)
-            check.record(key, status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                         seconds=time.time() - t)
-    summary = {k: ("pass" if v.get("passed") else v.get("status", "?") if v.get("status") != "ok" else "FAIL")
-               for k, v in check.results.items() if k != "setup"}
-    check.record("summary", **summary)
-    print(f"\ndone in {time.time() - t0:.0f}s; results in {check.out}", flush=True)
+    t0, scale = time.time(), 3 if args.dry_run else 1
+    check = None
+    try:
+        with time_limit(SETUP_LIMIT * scale):
+            check = Check(args.dry_run, Path(args.json))
+        check.record("setup", device=torch.cuda.get_device_name(check.dev) if not args.dry_run else "cpu (dry run)",
+                     torch=torch.__version__, python=platform.python_version(), shape=check.shape,
+                     setup_s=time.time() - t0)
+        for key in args.sections:
+            run_section(check, key, scale)
+    except Terminated:
+        print("\nterminated (SIGTERM): the sections left are not run", flush=True)
+    finally:
+        if check is not None:
+            summarise(check, args.sections, t0)
+        else:
+            print("setup did not finish: no section ran", flush=True)
 
 
 if __name__ == "__main__":

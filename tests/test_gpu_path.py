@@ -69,10 +69,51 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_way_out(tmp_path, docs, 
     [line] = [line for line in err.splitlines() if line.startswith("error: ")]
     assert e.value.code == 1 and "Traceback" not in err, err
     assert line.startswith("error: out of memory on cpu in step 3 (4 documents on this rank): pass --grad-cache "
-                          "--chunk-tokens 4096") and "fewer documents" in line and line.endswith(f"last checkpoint: {ckpt}")
+                          "--chunk-tokens 4096") and "fewer documents" in line
+    assert line.endswith(f"last checkpoint: {ckpt}")
     assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
     assert common.checkpoints(tmp_path / "r") == [ckpt]
     assert [s for s, *_ in trace(tmp_path / "r")] == [1, 2]
+
+
+def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
+    """One GPU faked (torch.accelerator and torch.cuda report it; NCCL, which a CPU build lacks, becomes gloo, so that
+    torch's own checks of init_process_group's device_id run as on a GPU: a device without an index is refused there).
+    train.py's set-up and gpu_check's bind the process group to cuda:0 and give DDP the index 0."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    real_init, bound, ddp_ids = dist.init_process_group, [], []
+
+    def init(backend, **kw):
+        real_init("gloo" if backend == "nccl" else backend, **kw)
+        bound.append(dist.distributed_c10d._get_default_group().bound_device_id)
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(T, "DDP", lambda module, device_ids=None, **kw: ddp_ids.append(device_ids) or module)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
+        monkeypatch.setenv(name, value)
+    gpu_check = load_gpu_check()
+    # train.py's: processes() as under torchrun (here with a store of its own), then the process group and DDP
+    def train_set_up():
+        procs = dataclasses.replace(common.processes(), store=dist.HashStore())
+        common.init_process_group(procs, 60)
+        return procs
+
+    for set_up in (train_set_up, lambda: gpu_check.one_rank_process_group(gpu_check.device(dry=False))):
+        try:
+            procs = set_up()
+            T.data_parallel(T.Chunks(tiny_encoder()), procs.device, T.TrainConfig())
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    assert bound == [torch.device("cuda", 0)] * 2 and ddp_ids == [[0], [0]]
 
 
 # --- precision -------------------------------------------------------------------------------------------------
@@ -265,15 +306,64 @@ def test_the_host_side_plan_matches_the_device_side_way():
     assert all(len(g) * spans.lengths[g].max() <= 200 < (len(g) + 1) * spans.lengths[g].max() for g in gpu[:-1])
 
 
+def load_gpu_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
 def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     """bench/gpu_check.py --dry-run: the sections that take seconds on a CPU (the whole dry run, with the compiled
-    ones, takes about two minutes: docs/gpu.md), each ok and right, the GPU-only one skipped, all in the JSON."""
+    ones, takes about three minutes: docs/gpu.md), each ok and right, the GPU-only one skipped, all in the JSON."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--sections", "adfh",
                         "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert [res[k]["status"] for k in "adf"] == ["ok"] * 3 and res["h"]["status"].startswith("skipped")
-    assert res["summary"] == {"a": "pass", "d": "pass", "f": "pass", "h": res["h"]["status"]}
+    assert {k: v for k, v in res["summary"].items() if k != "seconds"} == {"a": "pass", "d": "pass", "f": "pass",
+                                                                            "h": res["h"]["status"]}
     assert res["a"]["train_step_worst_relative_grad_diff"] == 0 and res["a"]["bf16_ok"]
-    assert res["d"]["ddp_grad_cache_worst_relative_grad_diff"] < 1e-5 and res["d"]["gather_backward_ok"]
+    assert res["d"]["ddp_grad_cache_worst_relative_grad_diff"] < 1e-5 and res["d"]["gather_grad_vs_hand_worked"] < 1e-6
     assert any("scaled_dot_product" in k for k in res["f"]["attention_kernels"])
+    assert "section  result" in r.stdout  # the summary as a table too
+
+
+def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monkeypatch):
+    """A section that leaves through SystemExit (train.main's way with a UserError), one past its time limit, one
+    whose result is wrong and one right: each is reported, the next runs, the summary says which is which. And the
+    sections' limits add up to less than the one gpu_check.sh gives the whole run."""
+    import time as time_module
+
+    gpu_check = load_gpu_check()
+    limit = int(next(line for line in (ROOT / "bench" / "gpu_check.sh").read_text().splitlines()
+                     if line.startswith("limit=")).split("=")[1])
+    assert gpu_check.SETUP_LIMIT + sum(seconds for _, seconds in gpu_check.SECTIONS.values()) < limit <= 8 * 60
+
+    def exits(check):
+        """(a) exits"""
+        raise SystemExit(2)
+
+    def slow(check):
+        """(b) slow"""
+        time_module.sleep(3)
+
+    def wrong(check):
+        """(c) wrong"""
+        check.record("c", passed=False)
+
+    def right(check):
+        """(d) right"""
+        check.record("d", passed=True)
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"a": (exits, 5), "b": (slow, 1), "c": (wrong, 5), "d": (right, 5)})
+    check = object.__new__(gpu_check.Check)
+    check.out, check.results, check.dev = tmp_path / "r.json", {}, torch.device("cpu")
+    for key in "abcd":
+        gpu_check.run_section(check, key, scale=1)
+    gpu_check.summarise(check, "abcde", time_module.time())
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    assert summary["a"] == "failed: SystemExit: 2" and summary["b"].startswith("failed: TimeLimit")
+    assert (summary["c"], summary["d"], summary["e"]) == ("FAIL", "pass", "not run")

@@ -1,0 +1,140 @@
+"""
+The GPU memory a training step needs, estimated on a CPU: distilroberta-base and roberta-base at N=16 documents a
+step, on 1 GPU (16 documents each) and on 8 (2 each), with and without GradCache. No GPU is needed, and none was used.
+
+    python bench/gpu_memory.py --seeds 1          # the table in docs/gpu.md, about 40 minutes on 2 cores
+    python bench/gpu_memory.py --docs 16 --shape roberta-base
+
+How: the step's spans are drawn from the sampler's own length laws (anchors 32 + 478·Beta(4, 2), positives
+32 + 478·Beta(2, 4), plus <s> and </s>), and the step's forward is run as train.train_step runs it (the same chunks,
+bf16 autocast as --dtype auto gives on a GPU, dropout on), at the model's real width and depth, on the CPU. Every
+tensor autograd saves for the backward is counted once (by its storage), which is what a step holds at its peak,
+at the start of the backward. Left out, as a GPU's fused attention does not keep them: the (T, T) attention
+probabilities and dropout masks that the CPU's math attention saves; a GPU's flash or memory-efficient kernel keeps
+the log-sum-exp instead, (spans, heads, T) fp32, added here. Added to that: the weights, their gradients and
+AdamW's two moments in fp32 (16 bytes a parameter), DDP's gradient buckets on more than one GPU (4 more), and the
+backward's transients, taken as twice the largest saved tensor (the MLM logits' gradient, usually). Not counted:
+the CUDA context (~0.5 GiB, outside torch's allocator) and the allocator's fragmentation. Without GradCache the
+peak is every chunk's saved tensors together; with it, one chunk's (the largest) plus the step's embeddings.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import model  # noqa: E402
+import sampler  # noqa: E402
+import train  # noqa: E402
+
+GIB = 2**30
+
+
+def span_batch(n_docs: int, vocab: int, seed: int = 0, A: int = 2, P: int = 2, max_span: int = 510):
+    """A step's batch in the sampler's layout, lengths by its laws, random token ids; BERT-style MLM on the anchors."""
+    rng = np.random.default_rng(seed)
+
+    def spans(n, a, b):
+        lengths = np.array([sampler.span_length(rng, a, b, 32, max_span) + 2 for _ in range(n)])
+        ids = np.ones((n, lengths.max()), dtype=np.int64)  # padding id 1, RoBERTa's
+        for row, k in zip(ids, lengths, strict=True):
+            row[0], row[1:k - 1], row[k - 1] = 0, rng.integers(5, vocab, k - 2), 2
+        return ids, lengths
+
+    a, al = spans(n_docs * A, 4, 2)
+    p, pl = spans(n_docs * A * P, 2, 4)
+    m_in, m_lab = sampler.mask_tokens(a, ~np.isin(a, [0, 1, 2]), rng, 4, np.arange(5, vocab))
+    t = torch.from_numpy
+    return dict(anchors=t(a), anchor_lengths=t(al), positives=t(p), positive_lengths=t(pl), mlm_inputs=t(m_in),
+                mlm_labels=t(m_lab))
+
+
+class SavedBytes:
+    """Bytes of the distinct storages autograd saves while this is entered, less the (spans, heads, T, T) attention
+    tensors that only the CPU's math attention keeps."""
+
+    def __init__(self, T: int, heads: int):
+        self.attention = (heads, T, T)
+        self.storages, self.largest = {}, 0
+
+    def pack(self, t):
+        if t.dim() == 4 and tuple(t.shape[1:]) == self.attention:
+            return t
+        storage = t.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        self.largest = max(self.largest, storage.nbytes())
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
+    """(bytes saved for the backward at the step's peak, its largest saved tensor), the step's forward as train_step
+    runs it: all chunks at once, or with GradCache the largest chunk alone."""
+    groups = train.length_groups  # a GPU's chunks: one per --chunk-tokens budget, whatever the spread of lengths
+    train.length_groups = lambda lengths, budget, spread: groups(lengths, budget, spread=0.0)
+    try:
+        spans = train.Spans(batch, cfg, encoder, world=1)
+    finally:
+        train.length_groups = groups
+    heads = encoder.config.num_attention_heads
+    per_chunk = []
+    for k in range(len(spans.groups)):
+        ids, mask, real, mlm_at, targets = spans.chunk(k)
+        with SavedBytes(ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
+            train.chunk_forward(encoder, ids, mask, real, mlm_at, targets, spans.mlm_scale)
+        lse = ids.numel() * heads * 4 * encoder.config.num_hidden_layers  # (g, heads, T) fp32 a layer, fused kernels
+        per_chunk.append((sum(saved.storages.values()) + lse, saved.largest))
+    if grad_cache:
+        return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)
+    return sum(b for b, _ in per_chunk), max(b for _, b in per_chunk)
+
+
+def estimate(shape: str, docs_per_gpu: int, gpus: int, grad_cache: bool, chunk_tokens: int, seed: int = 0) -> dict:
+    encoder = model.scratch_encoder(shape, 50265).train()
+    params = sum(p.numel() for p in encoder.parameters())
+    cfg = train.TrainConfig(chunk_tokens=chunk_tokens, grad_cache=grad_cache)
+    batch = span_batch(docs_per_gpu, 50265, seed)
+    saved, largest = activations(encoder, batch, cfg, grad_cache)
+    states = params * (16 + (4 if gpus > 1 else 0))
+    total = states + saved + 2 * largest
+    tokens = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
+    return dict(shape=shape, gpus=gpus, docs_per_gpu=docs_per_gpu, grad_cache=grad_cache, chunk_tokens=chunk_tokens,
+                real_tokens=tokens, states_gib=states / GIB, activations_gib=saved / GIB,
+                transients_gib=2 * largest / GIB, peak_gib=total / GIB)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", nargs="+", default=["distilroberta-base", "roberta-base"])
+    ap.add_argument("--docs", type=int, default=16, help="N, documents a step over all GPUs")
+    ap.add_argument("--seeds", type=int, default=2, help="batches drawn per row: the spread of the sampler's lengths")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    print("| model | GPUs | documents a GPU | GradCache | real tokens a GPU | weights, grads, AdamW | activations | "
+          "transients | peak (GiB) |\n|---|---|---|---|---|---|---|---|---|")
+    for shape in args.shape:
+        for gpus in (1, 8):
+            for grad_cache, chunk in ((False, 16384), (True, 4096)):
+                rows = [estimate(shape, args.docs // gpus, gpus, grad_cache, chunk, seed) for seed in range(args.seeds)]
+
+                def spread(key, fmt="{:.1f}", rows=rows):
+                    return "–".join(fmt.format(x[key]) for x in rows)
+
+                peaks = [x["peak_gib"] for x in rows]
+                print(f"| {shape} | {gpus} | {rows[0]['docs_per_gpu']} | "
+                      f"{'--chunk-tokens 4096' if grad_cache else 'off'} | {spread('real_tokens', '{:,}')} | "
+                      f"{rows[0]['states_gib']:.1f} | {spread('activations_gib')} | {spread('transients_gib')} | "
+                      f"**{min(peaks):.1f}–{max(peaks):.1f}** |", flush=True)
+
+if __name__ == "__main__":
+    main()
