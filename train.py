@@ -594,7 +594,7 @@ def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
     decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
     from its own --out, or the whole run stops before its first step, every rank with the same line."""
     if not cfg.data and not cfg.resume:
-        cfg = demo_config(cfg, procs)
+        cfg = demo_config(cfg, given, procs)
     mine = {}  # rank 0's checkpoint, read while deciding
 
     def decide() -> str:
@@ -703,15 +703,14 @@ def finish(run: Run):
 
 
 # -----------------------------------------------------------------------------------------------
-# `python train.py` with no data: a demo that needs nothing but Python. These replace the fields left at default.
+# `python train.py` with no data: a demo that needs nothing but Python. These replace the flags not given.
 
 DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
             ckpt_every=200)
 
 
-def demo_config(cfg: TrainConfig, procs: common.Processes) -> TrainConfig:
-    defaults = TrainConfig()
-    cfg = replace(cfg, **{k: v for k, v in DEMO.items() if getattr(cfg, k) == getattr(defaults, k)})
+def demo_config(cfg: TrainConfig, given: set, procs: common.Processes) -> TrainConfig:
+    cfg = replace(cfg, **{k: v for k, v in DEMO.items() if k not in given})  # --lr 5e-5 is 5e-5, the default or not
     # written once on each machine, by one process
     folder = common.made_once(procs.store, f"demo-corpus/{procs.node}", lambda: str(common.demo_corpus(cfg.cache_dir)),
                               procs.local == 0)

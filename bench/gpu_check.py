@@ -446,10 +446,10 @@ def packed_attention(check: Check):
 
 
 # Seconds each section may take on one GPU (a dry run: three times as long). With setup's they add up to 455 s, under
-# the 480 s that gpu_check.sh gives the whole; docs/gpu.md gives each one's estimate, about 4 minutes in all.
+# the 480 s that gpu_check.sh gives the whole; docs/gpu.md gives each one's estimate, under 4 minutes in all.
 SETUP_LIMIT = 60
-SECTIONS = {"a": (parity, 45), "b": (grad_cache, 100), "c": (compile_check, 80), "d": (ddp, 30),
-            "e": (train_run, 60), "f": (attention_kernel, 15), "g": (embedding, 45), "h": (packed_attention, 20)}
+SECTIONS = {"a": (parity, 40), "b": (grad_cache, 100), "c": (compile_check, 90), "d": (ddp, 30),
+            "e": (train_run, 60), "f": (attention_kernel, 15), "g": (embedding, 40), "h": (packed_attention, 20)}
 
 
 class TimeLimit(Exception):

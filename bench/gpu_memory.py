@@ -6,16 +6,17 @@ step, on 1 GPU (16 documents each) and on 8 (2 each), with and without GradCache
     python bench/gpu_memory.py --docs 16 --shape roberta-base
 
 How: the step's spans are drawn from the sampler's own length laws (anchors 32 + 478·Beta(4, 2), positives
-32 + 478·Beta(2, 4), plus <s> and </s>), and the step's forward is run as train.train_step runs it (the same chunks,
-bf16 autocast as --dtype auto gives on a GPU, dropout on), at the model's real width and depth, on the CPU. Every
-tensor autograd saves for the backward is counted once (by its storage), which is what a step holds at its peak,
-at the start of the backward. Left out, as a GPU's fused attention does not keep them: the (T, T) attention
-probabilities and dropout masks that the CPU's math attention saves; a GPU's flash or memory-efficient kernel keeps
-the log-sum-exp instead, (spans, heads, T) fp32, added here. Added to that: the weights, their gradients and
-AdamW's two moments in fp32 (16 bytes a parameter), DDP's gradient buckets on more than one GPU (4 more), and the
-backward's transients, taken as twice the largest saved tensor (the MLM logits' gradient, usually). Not counted:
-the CUDA context (~0.5 GiB, outside torch's allocator) and the allocator's fragmentation. Without GradCache the
-peak is every chunk's saved tensors together; with it, one chunk's (the largest) plus the step's embeddings.
+32 + 478·Beta(2, 4), plus <s> and </s>), and the step's forward is run as train.train_step runs it on a GPU (one
+chunk per --chunk-tokens budget, bf16 autocast as --dtype auto gives there, hidden dropout on), at the model's real
+width and depth, on the CPU. Every tensor autograd saves for the backward is counted once (by its storage): what a
+step holds at its peak, at the start of the backward. Attention dropout is off here, so that the CPU runs its fused
+attention, which keeps what a GPU's flash or memory-efficient kernel keeps (q, k, v, the output, the log-sum-exp),
+not the (T, T) probabilities and masks of the math path (a GPU's kernels replay their dropout from the RNG state).
+Added to that: the weights, their gradients and AdamW's two moments in fp32 (16 bytes a parameter), DDP's gradient
+buckets on more than one GPU (4 more), and the backward's transients, taken as twice the largest saved tensor (the
+MLM logits' gradient, usually). Not counted: the CUDA context (~0.5 GiB, outside torch's allocator) and the
+allocator's fragmentation. Without GradCache the peak is every chunk's saved tensors together; with it, the
+largest chunk's.
 """
 import argparse
 import sys
@@ -53,8 +54,8 @@ def span_batch(n_docs: int, vocab: int, seed: int = 0, A: int = 2, P: int = 2, m
 
 
 class SavedBytes:
-    """Bytes of the distinct storages autograd saves while this is entered, less the (spans, heads, T, T) attention
-    tensors that only the CPU's math attention keeps."""
+    """Bytes of the distinct storages autograd saves while this is entered; any (spans, heads, T, T) attention tensor
+    would be the CPU's math path, which a GPU's fused kernels do not take, and is left out."""
 
     def __init__(self, T: int, heads: int):
         self.attention = (heads, T, T)
@@ -92,25 +93,38 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
         ids, mask, real, mlm_at, targets = spans.chunk(k)
         with SavedBytes(ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
             train.chunk_forward(encoder, ids, mask, real, mlm_at, targets, spans.mlm_scale)
-        lse = ids.numel() * heads * 4 * encoder.config.num_hidden_layers  # (g, heads, T) fp32 a layer, fused kernels
-        per_chunk.append((sum(saved.storages.values()) + lse, saved.largest))
+        per_chunk.append((sum(saved.storages.values()), saved.largest))
     if grad_cache:
         return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)
     return sum(b for b, _ in per_chunk), max(b for _, b in per_chunk)
 
 
+def encoder_of(shape: str, layers: int):
+    sizes = {k: v for k, v in model.scratch_shape(shape).items() if k != "num_hidden_layers"}
+    encoder = model.Encoder(model.ModelConfig(**sizes, num_hidden_layers=layers, attention_probs_dropout_prob=0.0))
+    encoder.init_weights(torch.Generator().manual_seed(0))
+    return encoder.train()
+
+
 def estimate(shape: str, docs_per_gpu: int, gpus: int, grad_cache: bool, chunk_tokens: int, seed: int = 0) -> dict:
-    encoder = model.scratch_encoder(shape, 50265).train()
-    params = sum(p.numel() for p in encoder.parameters())
+    """One row. Attention dropout is off: the CPU then runs its fused attention, which keeps what a GPU's flash or
+    memory-efficient kernel keeps, not the math path's (T, T) probabilities and masks (a GPU's kernels replay their
+    dropout from the RNG state). The layers are alike, so what a step saves is a + layers x b: measured with none and
+    with (at most) six layers, and carried on to the model's depth, in a CPU's memory."""
+    layers = model.scratch_shape(shape)["num_hidden_layers"]
     cfg = train.TrainConfig(chunk_tokens=chunk_tokens, grad_cache=grad_cache)
     batch = span_batch(docs_per_gpu, 50265, seed)
-    saved, largest = activations(encoder, batch, cfg, grad_cache)
+    measured = min(layers, 6)
+    (none, largest), (some, largest_some) = (activations(encoder_of(shape, n), batch, cfg, grad_cache)
+                                             for n in (0, measured))
+    saved = none + (some - none) * layers / measured
+    params = sum(p.numel() for p in model.scratch_encoder(shape, 50265).parameters())
     states = params * (16 + (4 if gpus > 1 else 0))
-    total = states + saved + 2 * largest
+    transients = 2 * max(largest, largest_some)
     tokens = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
     return dict(shape=shape, gpus=gpus, docs_per_gpu=docs_per_gpu, grad_cache=grad_cache, chunk_tokens=chunk_tokens,
                 real_tokens=tokens, states_gib=states / GIB, activations_gib=saved / GIB,
-                transients_gib=2 * largest / GIB, peak_gib=total / GIB)
+                transients_gib=transients / GIB, peak_gib=(states + saved + transients) / GIB)
 
 
 def main():

@@ -16,6 +16,20 @@ STRICT = os.environ.get("DECLUTR_STRICT", "") == "1"
 MINILM_HUB = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+@pytest.fixture(autouse=True)
+def the_users_shell_does_not_matter(monkeypatch, tmp_path_factory):
+    """The suite passes whatever the user's shell holds (HF_HUB_OFFLINE=1 on an offline cluster, an HF_ENDPOINT, an
+    HF_TOKEN, `hf auth login`): every variable the code reads is cleared here, and a test sets what it needs. Only
+    DECLUTR_SHARED (where the assets are) and DECLUTR_STRICT (CI's) are the user's, read once above."""
+    for name in ("HF_HUB_OFFLINE", "HF_ENDPOINT", "HF_TOKEN", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH",
+                 "DECLUTR_PROGRESS_EVERY", "DECLUTR_STSB_URL", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    if "huggingface_hub" in sys.modules:  # it reads these once, when imported
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH",
+                            str(tmp_path_factory.getbasetemp() / "no-hf-token"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: an end-to-end run of several processes; deselect with -m 'not slow'")
 

@@ -541,3 +541,7 @@ def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path
     assert [s for s, *_ in trace(tmp_path / "runs" / "demo")] == [1, 2, 3, 4, 5, 6]
     evaluate_sts.main(["--model", "runs/demo/model", "--split", "dev", "--data", str(stsb_dev().parent)])
     assert "STSB" in capsys.readouterr().out
+    # a flag given keeps its value, even the default's: --lr 5e-5 is not the demo's 1e-3 (the schedule is at its top,
+    # lr itself, at the second of two steps)
+    T.main(["--lr", "5e-5", "--steps", "2", "--out", "runs/lr"])
+    assert [json.loads(line)["lr"] for line in open("runs/lr/metrics.jsonl")] == [5e-5 / 32, 5e-5]
