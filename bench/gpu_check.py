@@ -492,11 +492,12 @@ def run_section(check: Check, key: str, scale: int):
 
 
 def summarise(check: Check, sections: str, t0: float):
-    """pass, FAIL (ran, and a result is wrong), failed: ... (raised), skipped: ..., or not run; as JSON and a table."""
+    """pass, FAIL (ran, and a result is wrong), failed: ... (raised), skipped: ..., cut short or not run; as JSON and
+    a table."""
     summary = {}
     for key in sections:
         r = check.results.get(key, {})
-        status = r.get("status", "not run")
+        status = r.get("status", "cut short" if r else "not run")  # cut short: SIGTERM while it ran
         summary[key] = ("pass" if r.get("passed") else "FAIL") if status == "ok" else status
     check.record("summary", **summary, seconds=round(time.time() - t0))
     print(f"\n{'section':<8} {'result':<60} seconds")
@@ -533,6 +534,7 @@ def main():
             run_section(check, key, scale)
     except Terminated:
         print("\nterminated (SIGTERM): the sections left are not run", flush=True)
+        sys.exit(143)
     finally:
         if check is not None:
             summarise(check, args.sections, t0)

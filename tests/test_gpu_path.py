@@ -367,3 +367,24 @@ def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monk
     summary = json.loads((tmp_path / "r.json").read_text())["summary"]
     assert summary["a"] == "failed: SystemExit: 2" and summary["b"].startswith("failed: TimeLimit")
     assert (summary["c"], summary["d"], summary["e"]) == ("FAIL", "pass", "not run")
+
+
+@pytest.mark.slow
+def test_the_gpu_check_writes_its_summary_when_terminated(tmp_path):
+    """gpu_check.sh's timeout sends SIGTERM: the section under way stops, the ones after it are not run, and the
+    summary is written all the same (JSON and table); exit 143."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-u", str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--sections", "dg",
+                          "--json", str(tmp_path / "r.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    lines = []
+    for line in p.stdout:  # section g takes tens of seconds on a CPU: terminated as it starts
+        lines.append(line)
+        if line.startswith("(g)"):
+            p.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + p.communicate(timeout=120)[0]
+    assert p.returncode == 143, out[-3000:]
+    summary = json.loads((tmp_path / "r.json").read_text())["summary"]
+    assert summary["d"] == "pass" and summary["g"] == "not run" and "section  result" in out
