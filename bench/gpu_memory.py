@@ -141,14 +141,14 @@ def main():
             for grad_cache, chunk in ((False, 16384), (True, 4096)):
                 rows = [estimate(shape, args.docs // gpus, gpus, grad_cache, chunk, seed) for seed in range(args.seeds)]
 
-                def spread(key, fmt="{:.1f}", rows=rows):
-                    return "–".join(fmt.format(x[key]) for x in rows)
+                def spread(key, fmt="{:.1f}", rows=rows):  # one figure, or the lowest and highest over the seeds
+                    values = sorted({fmt.format(x[key]) for x in rows}, key=lambda v: float(v.replace(",", "")))
+                    return "–".join(dict.fromkeys([values[0], values[-1]]))
 
-                peaks = [x["peak_gib"] for x in rows]
                 print(f"| {shape} | {gpus} | {rows[0]['docs_per_gpu']} | "
                       f"{'--chunk-tokens 4096' if grad_cache else 'off'} | {spread('real_tokens', '{:,}')} | "
                       f"{rows[0]['states_gib']:.1f} | {spread('activations_gib')} | {spread('transients_gib')} | "
-                      f"**{min(peaks):.1f}–{max(peaks):.1f}** |", flush=True)
+                      f"**{spread('peak_gib')}** |", flush=True)
 
 if __name__ == "__main__":
     main()
