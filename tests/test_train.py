@@ -257,9 +257,9 @@ def test_losses_fall_on_gutenberg(tmp_path):
 
 @pytest.mark.slow
 def test_two_nodes_resume_at_rank_0s_step_or_stop_with_one_line(tmp_path, docs, reap):
-    """Two torchrun "nodes" on loopback train one run together. Each with its own --out (machines without a shared filesystem: only rank 0
-    wrote a checkpoint): --resume stops before its first step with one line saying so, every rank exit 2, nothing of
-    the run changed. With one --out both see: both resume at rank 0's step, and after one more step both ranks hold
+    """Two torchrun "nodes" on loopback train one run together. Each with its own --out (machines without a shared
+    filesystem: only rank 0 wrote a checkpoint): --resume stops before its first step with one line saying so, every
+    rank exit 2, nothing of the run changed. With one --out both see: both resume at rank 0's step, and after one more step both ranks hold
     the same weights (the optimizer's state came back on each)."""
     def nodes(outs, *extra):
         port = free_port()
