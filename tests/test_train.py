@@ -259,8 +259,8 @@ def test_losses_fall_on_gutenberg(tmp_path):
 def test_two_nodes_resume_at_rank_0s_step_or_stop_with_one_line(tmp_path, docs, reap):
     """Two torchrun "nodes" on loopback train one run together. Each with its own --out (machines without a shared
     filesystem: only rank 0 wrote a checkpoint): --resume stops before its first step with one line saying so, every
-    rank exit 2, nothing of the run changed. With one --out both see: both resume at rank 0's step, and after one more step both ranks hold
-    the same weights (the optimizer's state came back on each)."""
+    rank exit 2, nothing of the run changed. With one --out both see: both resume at rank 0's step, and after one more
+    step both ranks hold the same weights (the optimizer's state came back on each)."""
     def nodes(outs, *extra):
         port = free_port()
         # c10d numbers the machines in the order of their addresses: node n is 127.0.0.{n + 1}, so machine n
