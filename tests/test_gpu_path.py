@@ -130,6 +130,23 @@ def test_auto_dtype_follows_the_gpu(monkeypatch):
     assert common.autocast_dtype("fp16", cpu) == torch.float16 and common.autocast_dtype("bf16", cuda) == torch.bfloat16
 
 
+def test_embed_names_the_gpu_by_its_index_or_says_there_is_none(tmp_path, monkeypatch, capsys):
+    """--device cuda is the current GPU with its index; with a torch that sees no GPU it is one line, exit 2."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "t.txt").write_text("a text\n")
+    with pytest.raises(SystemExit) as e:
+        embed.main(["--model", "whatever", str(tmp_path / "t.txt"), "--output", str(tmp_path / "e.npy"),
+                    "--device", "cuda"])
+    assert e.value.code == 2 and capsys.readouterr().err == ("error: --device cuda: this torch sees no GPU "
+                                                             "(torch.cuda.is_available() is False)\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert embed.device_and_dtype("cuda", "auto") == (torch.device("cuda", 3), torch.bfloat16)
+    assert embed.device_and_dtype("auto", "fp32") == (torch.device("cuda", 3), None)
+    assert embed.device_and_dtype("cuda:1", "auto")[0] == torch.device("cuda", 1)
+
+
 def test_fp16_step_and_its_loss_scaler_on_a_cpu():
     """fp16 autocast with a GradScaler, on a CPU: the unscaled gradient is close to fp32's; a step whose gradient
     overflowed changes no weight and halves the scale; the next, finite one trains and keeps the scale."""
