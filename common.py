@@ -545,14 +545,15 @@ def every_rank_says(store, key: str, what: str, rank: int, world: int) -> list[s
     if store is None:
         return [what]
     store.set(f"{key}/{rank}", what)
-    return [_wait(store, f"{key}/{r}") for r in range(world)]
+    return [_wait(store, f"{key}/{r}", f"rank {r}, saying its {key},") for r in range(world)]
 
 
-def _wait(store, key: str) -> str:
+def _wait(store, key: str, who: str = "") -> str:
     try:
         store.wait([key], timedelta(days=7))
     except dist.DistError as e:
-        raise UserError(f"the process preparing {key} stopped before it was done ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{who or f'the process preparing {key}'} stopped before it was done "
+                        f"({str(e).splitlines()[0]})") from None
     return store.get(key).decode()
 
 
