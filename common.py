@@ -10,7 +10,6 @@ the training run's plumbing: processes under torchrun meeting before their proce
 written and found again, the run folder, the demo's documents.
 """
 import argparse
-import codecs
 import collections
 import concurrent.futures
 import contextlib
@@ -55,11 +54,17 @@ def cli(main):
         try:
             return main(argv)
         except UserError as e:
-            if os.environ.get("RANK", "0") == "0" or e.alone:
-                print(f"error: {e}", file=sys.stderr, flush=True)
+            say(f"error: {e}", file=sys.stderr, every_rank=e.alone)
             sys.exit(e.code)
 
     return wrapped
+
+
+def say(*args, every_rank: bool = False, **kwargs):
+    """print, by rank 0 alone: under torchrun every rank runs the same code, and one speaks for them all. The one
+    way anything here prints."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
+        print(*args, **kwargs, flush=True)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -75,6 +80,11 @@ def choice(default: str, *choices: str):
     return field(default=default, metadata={"choices": [default, *choices]})
 
 
+def first_line(e: BaseException) -> str:
+    """Another library's error message, as much of it as fits in our one line: its first sentence."""
+    return (str(e).strip() or type(e).__name__).splitlines()[0].split(". ")[0][:200]
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):  # one line, not argparse's usage block
         raise UserError(message, code=2)
@@ -84,6 +94,7 @@ def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     """A config dataclass from the command line: one flag per field (or a positional list for the fields named in
     `positional`), the field's comment as its help, every default shown by --help. Ranges and choices are checked
     here, then the class's own validate(), so that a bad value stops the run before any work."""
+    # A field's help is the comment on its line in the class's source (`lr: float = 5e-5  # the help`), read here
     notes = {}  # each field's comment, a subclass's over its base's (TrainConfig extends SamplerConfig)
     for klass in reversed([k for k in cls.__mro__ if k is not object]):
         notes.update(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(klass), re.M))
@@ -162,7 +173,7 @@ class Progress:
         if self.tty and now - self.last >= 0.2:
             self.last = now
             if not self.quiet:
-                print(f"\r{self.label}: {text}\033[K", end="", file=sys.stderr, flush=True)
+                say(f"\r{self.label}: {text}\033[K", end="", file=sys.stderr)
         elif not self.tty and now - self.last >= self.every:
             self.last = now
             self.note(f"{text} ({now - self.t0:.0f}s)")
@@ -190,9 +201,7 @@ class Progress:
     def note(self, text: str):
         """A line now (over the live line, on a terminal): the phase begins, ends, or moves on."""
         if not self.quiet:
-            print(("\r\033[K" if self.tty else "") + f"{self.label}: {text}", file=sys.stderr, flush=True)
-
-    done = note
+            say(("\r\033[K" if self.tty else "") + f"{self.label}: {text}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -209,8 +218,6 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
     try:
         remove_stale_temporaries(path.parent)
         write(tmp)
-        if tmp.is_file():  # the mode `open` would give, whatever the writer chose (safetensors: 0600)
-            os.chmod(tmp, 0o666 & ~_umask())
         if tmp.is_dir() and path.is_dir() and not keep_existing:
             shutil.rmtree(path)  # a rename cannot replace a folder that holds files
         try:
@@ -230,12 +237,6 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
 
 
 _HOST = socket.gethostname().split(".")[0] or "host"
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask
 _TEMPORARY = re.compile(r"^\..+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp$")
 
 
@@ -261,38 +262,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def torch_save(obj, path: Path):
-    """torch.save, but a full disk raises the OSError that says so (torch.save itself reports "unexpected pos")."""
-    with open(path, "wb", buffering=0) as f:
-        out = _WholeWrites(f)
-        try:
-            torch.save(obj, out)
-        except RuntimeError:
-            if out.error:
-                raise out.error from None
-            raise
-
-
-class _WholeWrites:
-    """A file whose write() writes all it is given or raises the OSError that stopped it."""
-
-    def __init__(self, f):
-        self.f, self.error = f, None
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        try:
-            while len(view):
-                view = view[self.f.write(view):]
-        except OSError as e:
-            self.error = e
-            raise
-        return len(data)
-
-    def flush(self):
-        self.f.flush()
 
 
 def write_json(path: Path, obj):
@@ -342,13 +311,6 @@ def read_json(path: Path, default=None):
 # The user's documents: .txt (a document per file) and .jsonl (a document per line, field "text"), maybe gzipped
 
 
-def _count_replaced(err):
-    _count_replaced.n += err.end - err.start
-    return "\ufffd", err.end
-
-
-_count_replaced.n = 0
-codecs.register_error("declutr_count", _count_replaced)
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 
 
@@ -386,16 +348,19 @@ def read_documents(files, stats, clean: bool = True):
     """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty, binary,
     malformed) and what was repaired (undecodable bytes)."""
     for f in files:
-        before = _count_replaced.n
+        replaced = 0
         try:
             with gzip.open(f) if f.name.endswith(".gz") else open(f, "rb") as raw:
                 if b"\x00" in raw.peek(8192)[:8192]:  # binary, as git and grep decide it
                     stats["binary"] += 1
                     continue
-                # newline=None turns CRLF and CR into LF; the error handler replaces and counts bad bytes
-                lines = io.TextIOWrapper(raw, encoding="utf-8", errors="declutr_count", newline=None)
-                texts = (json_text(line) for line in lines if line.strip()) if ".jsonl" in f.name else [lines.read()]
-                for text in texts:  # a .jsonl file is streamed line by line: it may be larger than memory
+                # newline=None turns CRLF and CR into LF; a byte that is not UTF-8 comes in as a stand-in (below)
+                lines = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=None)
+                raws = (line for line in lines if line.strip()) if ".jsonl" in f.name else [lines.read()]
+                for text in raws:  # a .jsonl file is streamed line by line: it may be larger than memory
+                    text, n = UNDECODABLE.subn("\ufffd", text)
+                    replaced += n
+                    text = json_text(text) if ".jsonl" in f.name else text
                     if text is None:
                         stats["malformed"] += 1
                     elif not text.strip():
@@ -404,9 +369,12 @@ def read_documents(files, stats, clean: bool = True):
                         yield clean_text(text) if clean else text.replace("\r\n", "\n").replace("\r", "\n")
         except (OSError, EOFError) as e:
             raise UserError(f"{f}: cannot read ({e})") from None
-        if _count_replaced.n > before:
-            stats["files_repaired"] += 1
-            stats["bytes_replaced"] += _count_replaced.n - before
+        stats["files_repaired"] += replaced > 0
+        stats["bytes_replaced"] += replaced
+
+
+# surrogateescape's stand-ins for the bytes that are not UTF-8, one per byte: each becomes U+FFFD
+UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
@@ -459,12 +427,48 @@ def prefetched(items, work):
             yield ahead.result()
 
 
+@dataclass
+class Precision:  # --dtype, one meaning in training, embedding and evaluation
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it
+
+
+@dataclass
+class OnDevice(Precision):  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
+    device: str = "auto"  # auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...
+
+
 def autocast_dtype(name: str, device: torch.device):
     """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
-    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16), fp32 on a CPU."""
+    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16, loss-scaled), fp32 on a CPU."""
     if name == "auto" and device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def autocast(dtype, device: torch.device):
+    """Mixed precision in `dtype` (autocast_dtype's) on the device; fp32 (None) is no autocast at all."""
+    if dtype in (None, torch.float32):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def pick_device(name: str) -> torch.device:
+    """--device: auto, cpu, cuda or cuda:N, as a device this torch has; a GPU always by its index (NCCL and DDP want
+    one)."""
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: not a device this project runs on (auto, cpu, cuda, cuda:N)", code=2)
+    if device.type == "cpu":
+        return device
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name}: this torch sees no GPU (torch.cuda.is_available() is False)", code=2)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)", code=2)
+    return torch.device("cuda", index)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -473,7 +477,7 @@ def autocast_dtype(name: str, device: torch.device):
 
 
 @dataclass
-class Processes:
+class Process:
     """This process among torchrun's: its ranks, its device, and the store where the processes meet."""
     rank: int
     local: int  # rank on this machine
@@ -483,7 +487,7 @@ class Processes:
     node: str = "0"  # torchrun's GROUP_RANK: which machine
 
 
-def processes() -> Processes:
+def processes() -> Process:
     """This process as torchrun started it, or one plain process. One GPU per process; no process group yet."""
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     world, device = int(os.environ.get("WORLD_SIZE", "1")), torch.device("cpu")
@@ -492,9 +496,9 @@ def processes() -> Processes:
         if here > gpus:  # every rank of the machine says so, rank 0 among them (only rank 0 prints)
             raise UserError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
                             f"(torchrun --nproc_per_node={gpus})", code=2)
-        device = torch.device(f"cuda:{local}")
+        device = pick_device(f"cuda:{local}")
         torch.cuda.set_device(device)
-    return Processes(rank, local, world, device, rendezvous(rank, world), os.environ.get("GROUP_RANK", "0"))
+    return Process(rank, local, world, device, rendezvous(rank, world), os.environ.get("GROUP_RANK", "0"))
 
 
 def rendezvous(rank: int, world: int):
@@ -509,17 +513,17 @@ def rendezvous(rank: int, world: int):
     return dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def init_process_group(procs: Processes, timeout_s: int):
+def init_process_group(proc: Process, timeout_s: int):
     """NCCL on GPUs, gloo on CPUs, for processes that met in a store (torchrun's; none for one plain process); a
     collective that waits longer than timeout_s for another rank stops the job. The GPU is named with its index, as
     NCCL's process group must be bound to one device (processes() sets it)."""
-    if procs.store is not None:
-        cuda = procs.device.type == "cuda"
-        dist.init_process_group("nccl" if cuda else "gloo", store=procs.store, rank=procs.rank, world_size=procs.world,
-                                timeout=timedelta(seconds=timeout_s), device_id=procs.device if cuda else None)
+    if proc.store is not None:
+        cuda = proc.device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=proc.store, rank=proc.rank, world_size=proc.world,
+                                timeout=timedelta(seconds=timeout_s), device_id=proc.device if cuda else None)
 
 
-def made_once(store, key: str, make, maker: bool) -> str:
+def store_broadcast(store, key: str, make, maker: bool) -> str:
     """make() (a string) on the one process that is `maker`; the others wait for it in the store, however long it
     takes: tokenising a corpus or training a tokenizer can take hours, longer than any collective may wait, so no
     process group exists yet. The maker's UserError is raised on every process that waits."""
@@ -553,13 +557,8 @@ def _wait(store, key: str, who: str = "") -> str:
         store.wait([key], timedelta(days=7))
     except dist.DistError as e:
         raise UserError(f"{who or f'the process preparing {key}'} stopped before it was done "
-                        f"({str(e).splitlines()[0]})") from None
+                        f"({first_line(e)})") from None
     return store.get(key).decode()
-
-
-def say(rank, *a, **k):
-    if rank == 0:
-        print(*a, **k, flush=True)
 
 
 def prepare_run_folder(out: Path, resume_step: int | None):
@@ -610,7 +609,11 @@ def write_checkpoint(out: Path, step: int, write_model, state: dict, keep: int) 
 
     def write(folder: Path):
         write_model(folder)
-        torch_save(state, folder / "train_state.pt")
+        # Serialised in memory, then written by Python: a full disk is then the OSError that says so (torch.save
+        # straight into a file reports it as "unexpected pos")
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        (folder / "train_state.pt").write_bytes(buffer.getbuffer())
 
     make_dirs(final.parent)
     write_atomic(final, write)
@@ -626,7 +629,7 @@ def newest_checkpoint(out: Path, load_model):
         try:
             return path, read_train_state(path), load_model(path)
         except UserError as e:
-            print(f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr, flush=True)
+            say(f"warning: {e}; resuming from the checkpoint before it", file=sys.stderr)
     return None
 
 
@@ -634,7 +637,7 @@ def read_train_state(path: Path) -> dict:
     try:  # tensors and plain data only
         state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated or foreign file: the unpickler and the zip reader raise many kinds
-        raise UserError(f"{path / 'train_state.pt'}: not readable ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{path / 'train_state.pt'}: not readable ({first_line(e)})") from None
     if not isinstance(state, dict) or not {"optimizer", "step", "config"} <= set(state):
         raise UserError(f"{path / 'train_state.pt'}: not a train state of this project")
     return state
@@ -671,5 +674,5 @@ def demo_corpus(cache: str) -> Path:
 
     writable_cache(cache)
     write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
-    progress.done(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
+    progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
     return root

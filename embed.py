@@ -26,8 +26,10 @@ import numpy as np
 import torch
 
 from common import (
+    OnDevice,
     Progress,
     UserError,
+    autocast,
     autocast_dtype,
     bounded,
     choice,
@@ -35,16 +37,17 @@ from common import (
     json_text,
     pad_rows,
     parse_config,
+    pick_device,
     prefetched,
     to_device,
     write_atomic,
 )
 from hub import special_ids
-from model import load_pretrained, mean_pool, real_positions
+from model import load_pretrained, mean_pool, nonpad_positions
 
 
 @dataclass
-class EmbedConfig:
+class EmbedConfig(OnDevice):  # --device and --dtype (common.OnDevice), then these
     model: str = ""  # hub id or local Hugging Face directory
     inputs: list = field(default_factory=list)  # .txt (a text a line, empty lines too), .jsonl (field text), - (stdin)
     output: str = "embeddings.npy"  # written under a temporary name, renamed when complete
@@ -54,8 +57,6 @@ class EmbedConfig:
     long: str = choice("truncate", "chunk")  # texts over the model's length
     batch_tokens: int = bounded(0, 0)  # padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU
     block: int = bounded(16384, 1)  # texts read, sorted and embedded at a time: bounds memory for inputs of any size
-    device: str = "auto"  # auto, cpu, cuda, cuda:1 ...
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: fp32 on a CPU; on a GPU bf16, or fp16 if it has none
 
     def validate(self):
         """npy (float32, texts x hidden) or jsonl (an {"embedding": [...]} per line), by --output's extension."""
@@ -120,7 +121,6 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     pad = special_ids(tok)["pad"]
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
-    autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32))
     left = np.bincount(owner, minlength=tokenized.n_texts)  # windows left per text
     i = 0
     while i < len(order):
@@ -128,10 +128,10 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
         j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
         ids, mask = pad_rows([pieces[k] for k in order[i:j]], pad)
         lengths = mask.sum(1)
-        real = to_device(real_positions(lengths, T), device) if lengths.min() < T else None
+        nonpad = to_device(nonpad_positions(lengths, T), device) if lengths.min() < T else None
         ids, mask = to_device(ids, device), to_device(mask, device)
-        with autocast:
-            h = model(ids, mask if real is not None else None, real=real)  # (rows, T, H)
+        with autocast(dtype, device):
+            h = model(ids, mask if nonpad is not None else None, nonpad=nonpad)  # (rows, T, H)
             out.index_copy_(0, to_device(order[i:j], device), mean_pool(h, mask).float())
         if progress:
             texts = owner[order[i:j]]
@@ -201,11 +201,7 @@ def check_paths(cfg: EmbedConfig, out: Path):
 def device_and_dtype(device: str, dtype: str):
     """--device and --dtype, for embed.py and evaluate_sts.py alike: an STS score is the score of the embeddings that
     embed.py writes. auto: fp32 on a CPU, bf16 on a GPU that has it, else fp16."""
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {device}: this torch sees no GPU (torch.cuda.is_available() is False)", code=2)
-        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    device = pick_device(device)
     if dtype not in ("auto", "fp32") and device.type == "cpu":
         raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32")
     return device, autocast_dtype(dtype, device)
@@ -241,7 +237,7 @@ def main(argv=None):
         raise UserError("no --model given: a hub id or a local Hugging Face directory")
     check_paths(cfg, out)
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
-    model, tok = load_pretrained(cfg.model, verbose=False)
+    model, tok = load_pretrained(cfg.model, quiet=True)
     model.to(device)
     with tempfile.TemporaryDirectory() as tmpdir:
         stdin_copy = None
@@ -265,7 +261,7 @@ def main(argv=None):
 
         write_atomic(out, write)  # only a complete output gets the name the user asked for
     seconds = time.time() - progress.t0
-    progress.done(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)")
+    progress.note(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)")
 
 
 if __name__ == "__main__":

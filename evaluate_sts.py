@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (
+    OnDevice,
     Progress,
     UserError,
     bounded,
@@ -45,15 +46,13 @@ STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(OnDevice):  # --device and --dtype as embed.py's (common.OnDevice), then these
     model: list = field(default_factory=list)  # one or more models (hub ids or local directories), side by side
     data: str = ""  # folder holding the task files (searched recursively); empty: download the STS Benchmark
     tasks: list = field(default_factory=list)  # subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all found)
     split: str = choice("test", "dev")  # STS12-16 have only test data
     json: str = ""  # also write the scores here
     batch_tokens: int = bounded(0, 0)  # embed.py's token budget per batch (0: its default)
-    device: str = "auto"  # auto, cpu, cuda, cuda:1 ... (as embed.py's)
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # as embed.py's, so a score is that of the embeddings it writes
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
@@ -321,9 +320,9 @@ def main(argv=None):
     results = {}
     for name in cfg.model:
         progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
-        model, tok = load_pretrained(name, verbose=False)
+        model, tok = load_pretrained(name, quiet=True)
         results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress, dtype)
-        progress.done(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
+        progress.note(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
     print(table(results))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))

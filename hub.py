@@ -11,6 +11,7 @@ no other file of the project but common.py.
 """
 import hashlib
 import os
+import pickle
 import re
 import shutil
 import time
@@ -18,12 +19,12 @@ from pathlib import Path
 
 import huggingface_hub
 import huggingface_hub.errors as hf_errors
+import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import Progress, UserError, offline, pad_rows, read_json, write_atomic
+from common import Progress, UserError, first_line, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -59,7 +60,7 @@ def _readable(path: Path, load):
     try:
         return load()
     except Exception as e:
-        raise UserError(f"{path}: not a readable tokenizer file ({str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"{path}: not a readable tokenizer file ({first_line(e)})") from None
 
 
 def _wordpiece(d: Path) -> Tokenizer:
@@ -95,7 +96,7 @@ def train_tokenizer(texts, vocab_size: int, quiet: bool = True) -> Tokenizer:
     with progress.ticking(lambda: status[0]):  # the trainer itself says nothing, for tens of seconds
         tok.train_from_iterator(_counted(texts, status), trainer)
     _byte_level(tok)
-    progress.done(f"{tok.get_vocab_size():,} tokens ({time.time() - progress.t0:.1f}s)")
+    progress.note(f"{tok.get_vocab_size():,} tokens ({time.time() - progress.t0:.1f}s)")
     return tok
 
 
@@ -120,14 +121,6 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
             raise UserError(f"tokenizer has no {k} token ({' or '.join(cands)})")
         out[k] = ids[0]
     return out
-
-
-def batch_encode(tok: Tokenizer, texts: list[str], max_tokens: int, pad_id: int):
-    """Texts -> (B, T) ids and mask, padded to the longest; over-long texts keep their final special token."""
-    rows = [e.ids if len(e.ids) <= max_tokens else e.ids[:max_tokens - 1] + e.ids[-1:]
-            for e in tok.encode_batch(texts)]
-    ids, mask = pad_rows(rows, pad_id)
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def tokenizer_files(tok: Tokenizer, max_tokens: int) -> dict:
@@ -215,19 +208,15 @@ def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
             with safe_open(str(f), framework="pt") as s:
                 out.update({k: s.get_tensor(k) for k in s.keys()})
         except (SafetensorError, OSError, RuntimeError) as e:
-            raise UserError(f"{f}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+            raise UserError(f"{f}: not a readable safetensors file ({first_line(e)})") from None
     named = {_hf_name(k, prefix): v for k, v in out.items()}
     return {k: v for k, v in named.items() if not IGNORED.match(k.removeprefix(f"{prefix}."))}
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]):
-    def write(tmp: Path):
-        try:
-            save_file(tensors, str(tmp), {"format": "pt"})
-        except SafetensorError as e:  # an I/O error (a full disk) comes back as this; write_atomic names the file
-            raise OSError(re.sub(r"^.*I/O error: (.*?)( \(os error \d+\))?$", r"\1", str(e))) from None
-
-    write_atomic(path, write)
+    # Serialised in memory, then written by Python: a full disk is then the OSError that says so
+    data = safetensors.torch.save(tensors, {"format": "pt"})
+    write_atomic(path, lambda tmp: tmp.write_bytes(data))
 
 
 def convert_bin(name: str, out: str | None) -> Path:
@@ -241,8 +230,12 @@ def convert_bin(name: str, out: str | None) -> Path:
         raise UserError(f"{dst / 'model.safetensors'} exists already; remove it first or pass --out")
     try:
         sd = torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    except Exception as e:  # the unpickler and the zip reader raise many kinds: tell code apart from damage
-        raise UserError(f"{src / 'pytorch_model.bin'}: {_unloadable(str(e))}") from None
+    except pickle.UnpicklingError:  # what weights_only refuses to unpickle: objects other than tensors
+        raise UserError(f"{src / 'pytorch_model.bin'}: holds objects other than tensors, which may run code when "
+                        f"loaded; refused (weights_only)") from None
+    except Exception as e:  # damage: the zip reader and the unpickler raise many kinds
+        raise UserError(f"{src / 'pytorch_model.bin'}: not a readable PyTorch file, cut short or damaged "
+                        f"({first_line(e)})") from None
     dst.mkdir(parents=True, exist_ok=True)
     for f in ("config.json",) + TOKENIZER_FILES:
         if dst != src and (src / f).exists():
@@ -250,16 +243,6 @@ def convert_bin(name: str, out: str | None) -> Path:
     write_safetensors(dst / "model.safetensors",
                       {k: v.contiguous().clone() for k, v in sd.items() if isinstance(v, torch.Tensor)})
     return dst
-
-
-def _unloadable(message: str) -> str:
-    """Why torch.load(weights_only=True) refused a file, in a line: objects that run code, or a damaged file."""
-    if found := re.search(r"GLOBAL (\S+)", message):
-        return f"holds {found[1]}, not only tensors: a pickle that would run code when loaded; refused (weights_only)"
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    reason = next((ln for ln in lines if not ln.startswith(("Weights only load failed", "Please file", "Check the"))
-                   and "WeightsUnpickler" not in ln), lines[0] if lines else "unknown")
-    return f"not a readable PyTorch file, cut short or damaged ({reason.split('. ')[0][:160]})"
 
 
 # -----------------------------------------------------------------------------------------------
@@ -349,7 +332,7 @@ def _fetch(repo: str, revision: str | None, filename: str) -> Path | None:
     except hf_errors.RevisionNotFoundError:
         raise UserError(f"{repo}: no revision {revision!r} (a branch, tag or commit of the repo)") from None
     except hf_errors.HfHubHTTPError as e:
-        raise UserError(f"{at}: {filename}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{at}: {filename}: {first_line(e)}") from None
     except OSError as e:  # a full disk, a folder that cannot be written, a download that came short
         raise UserError(f"{at}: {filename}: cannot download into {hub_cache()} ({e.strerror or e}); free space "
                         f"there or set HF_HOME to another folder") from None
@@ -359,7 +342,8 @@ def _fetch(repo: str, revision: str | None, filename: str) -> Path | None:
 
 
 def _verify(path: Path, at: str):
-    """The file against the name huggingface_hub gives its blob: its sha256 (LFS files) or git's blob id."""
+    """The file against the name huggingface_hub gives its blob: its sha256 (LFS files) or git's blob id.
+    huggingface_hub itself checks only a download's size: bytes changed on the way (a proxy, a mirror) would land."""
     blob = path.resolve()
     data = blob.read_bytes()
     if re.fullmatch(r"[0-9a-f]{64}", blob.name):

@@ -20,15 +20,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float = 0.05,
-            across_ranks: bool = True) -> torch.Tensor:
+def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
     """The scalar NT-Xent loss of §3.2: anchors (M, d), positives (M, P, d) or (M, d), local to this rank."""
     # §3.2: "we average the positive embeddings": one positive per anchor, robust to an unlucky short span
     if positives.dim() == 3:
         positives = positives.mean(dim=1)  # (M, d)
     # Many processes: every rank's embeddings join the batch, so every one of them is a negative everywhere
-    if across_ranks:
-        anchors, positives = gather(anchors), gather(positives)
+    anchors, positives = gather(anchors), gather(positives)
     m = anchors.shape[0]
     # Cosine similarity of every pair of the 2M embeddings, divided by tau. In fp32 even under bf16 autocast:
     # cosines divided by 0.05 need more than bf16's three significant digits.

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hub
-from common import OneLineParser, UserError, cli, document_texts, write_atomic, write_json
+from common import OneLineParser, UserError, cli, document_texts, say, write_atomic, write_json
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Embeddings(nn.Module):
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
-    def forward(self, ids, token_type_ids=None):
+    def forward(self, ids):
         if self.c.roberta:
             # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq does),
             # so a span's positions do not depend on how much padding its batch needed.
@@ -92,8 +92,8 @@ class Embeddings(nn.Module):
             pos = torch.cumsum(real, dim=1) * real + self.c.pad_token_id
         else:
             pos = torch.arange(ids.shape[1], device=ids.device)[None]
-        types = self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids)
-        return self.drop(self.ln(self.word(ids) + self.position(pos) + types))
+        # Every span is one segment: token type 0 (BERT's second segment never occurs)
+        return self.drop(self.ln(self.word(ids) + self.position(pos) + self.token_type.weight[0]))
 
 
 class SelfAttention(nn.Module):
@@ -105,17 +105,17 @@ class SelfAttention(nn.Module):
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
-    def forward(self, x, mask, real, B, T):
-        """x: (N, H) the real tokens of a (B, T) batch; real: their flat positions in it (None: all B*T)."""
+    def forward(self, x, mask, nonpad, B, T):
+        """x: (N, H) the non-pad tokens of a (B, T) batch; nonpad: their flat positions in it (None: all B*T)."""
         H = x.shape[-1]
         qkv = self.qkv(x)  # (N, 3H)
-        if real is not None:  # attention alone needs the (B, T) layout: scatter in, gather out
-            qkv = qkv.new_zeros(B * T, 3 * H).index_copy_(0, real, qkv)
+        if nonpad is not None:  # attention alone needs the (B, T) layout: scatter in, gather out
+            qkv = qkv.new_zeros(B * T, 3 * H).index_copy_(0, nonpad, qkv)
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B * T, H)  # (B*T, H)
-        if real is not None:
-            y = y[real]  # (N, H)
+        if nonpad is not None:
+            y = y[nonpad]  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 
 
@@ -137,8 +137,8 @@ class Layer(nn.Module):
         super().__init__()
         self.attn, self.ffn = SelfAttention(c), FeedForward(c)
 
-    def forward(self, x, mask, real, B, T):
-        return self.ffn(self.attn(x, mask, real, B, T))
+    def forward(self, x, mask, nonpad, B, T):
+        return self.ffn(self.attn(x, mask, nonpad, B, T))
 
 
 class MLMHead(nn.Module):
@@ -164,32 +164,29 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
         self.mlm = MLMHead(c, self.embeddings.word)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, real=None):
-        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). real: the (N,) flat
-        positions of the mask's ones (real_positions), from a caller who knows the lengths; found here instead, on a
+    def forward(self, input_ids, attention_mask=None, nonpad=None):
+        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). nonpad: the (N,) flat
+        positions of the mask's ones (nonpad_positions), from a caller who knows the lengths; found here instead, on a
         GPU, they would make the host wait for the GPU to finish all it was given."""
         B, T = input_ids.shape
-        x = self.embeddings(input_ids, token_type_ids).flatten(0, 1)  # (B*T, H)
-        if attention_mask is not None and real is None and not bool(attention_mask.all()):
-            real = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+        x = self.embeddings(input_ids).flatten(0, 1)  # (B*T, H)
+        if attention_mask is not None and nonpad is None and not bool(attention_mask.all()):
+            nonpad = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
         mask = None
-        if real is not None:
+        if nonpad is not None:
             # Spans of 32-512 tokens batched together are often half padding (§3.1's lengths): every
             # token-wise matmul runs on the N real tokens only; padding exists only inside attention.
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) which keys to attend to
-            x = x[real]  # (N, H)
+            x = x[nonpad]  # (N, H)
         for layer in self.layers:
-            x = layer(x, mask, real, B, T)
-        if real is not None:
-            x = x.new_zeros(B * T, x.shape[-1]).index_copy_(0, real, x)
+            x = layer(x, mask, nonpad, B, T)
+        if nonpad is not None:
+            x = x.new_zeros(B * T, x.shape[-1]).index_copy_(0, nonpad, x)
         return x.view(B, T, -1)  # (B, T, H)
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
         return self.mlm(hidden)
-
-    def embed(self, input_ids, attention_mask, real=None):
-        return mean_pool(self(input_ids, attention_mask, real=real), attention_mask)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator):
@@ -212,8 +209,8 @@ def mean_pool(hidden, attention_mask):
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
-def real_positions(lengths: np.ndarray, T: int) -> np.ndarray:
-    """The flat positions, in a (B, T) batch padded on the right, of the real tokens of rows of these lengths."""
+def nonpad_positions(lengths: np.ndarray, T: int) -> np.ndarray:
+    """The flat positions, in a (B, T) batch padded on the right, of the non-pad tokens of rows of these lengths."""
     return np.flatnonzero(np.arange(T)[None] < np.asarray(lengths)[:, None])
 
 
@@ -290,15 +287,15 @@ def load_config_and_tokenizer(name: str):
     return c, hub.load_tokenizer(path.parent)
 
 
-def load_pretrained(name: str, verbose: bool = True):
+def load_pretrained(name: str, quiet: bool = False):
     """A local Hugging Face directory or a hub id -> (encoder in eval mode, tokenizer)."""
     d = hub.resolve(name)
     config, tok = load_config_and_tokenizer(str(d))
     model = Encoder(config)
     model.init_weights(torch.Generator().manual_seed(0))  # only a missing MLM head keeps these
     for note in load_state(model, hub.read_safetensors(d, config.prefix), str(d)):
-        if verbose:
-            print(note, file=sys.stderr)
+        if not quiet:
+            say(note, file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
         raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
     model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit
@@ -342,9 +339,14 @@ def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_emb
     return model
 
 
+def scratch_tokenizer(shape: str, texts, quiet: bool = True):
+    """A byte-level BPE of the named shape's vocabulary size, trained on `texts` (an iterable of str)."""
+    return hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
+
+
 def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet: bool = True):
-    """(random-init encoder, byte-level BPE trained on `texts`, an iterable of str)."""
-    tok = hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
+    """(random-init encoder, byte-level BPE trained on `texts`): scratch_tokenizer, then scratch_encoder for it."""
+    tok = scratch_tokenizer(shape, texts, quiet)
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
 

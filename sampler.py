@@ -40,6 +40,7 @@ from common import (
     parse_config,
     read_documents,
     remove_stale_temporaries,
+    say,
     writable_cache,
     write_atomic,
 )
@@ -170,7 +171,7 @@ class Corpus:
         return len(self.lengths)
 
 
-def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool = True) -> Corpus:
+def prepare_corpus(paths, tok, cache: str = "", clean: bool = True) -> Corpus:
     """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
     into a cached memmap."""
     files = list_files(paths)
@@ -184,15 +185,14 @@ def prepare_corpus(paths, tok, cache: str = "", quiet: bool = False, clean: bool
     out = root / f"corpus-{key.hexdigest()[:20]}"
     if (out / "meta.json").exists():
         corpus = Corpus(out)
-        if not quiet:
-            print(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
+        say(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
         return corpus
-    progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}", quiet)
+    progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}")
     # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
     # folder is kept
     write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean), keep_existing=True)
     corpus = Corpus(out)
-    progress.done(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
+    progress.note(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
     return corpus
 
 
@@ -238,7 +238,7 @@ def _batches(texts, max_chars: int):
 
 
 class SpanBatches(torch.utils.data.Dataset):
-    def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1, quiet=False):
+    def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1):
         self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
         self.per_rank = cfg.docs_per_step // world_size  # this rank's share of the N documents of a step
         self.special = special_ids(tok)
@@ -246,9 +246,9 @@ class SpanBatches(torch.utils.data.Dataset):
         self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
         # The paper's l_max of 512 already means the span inside <s> ... </s>: only a --max-span the user chose is
         # worth a warning when it has to be lowered
-        if self.max_span < cfg.max_span != SamplerConfig.max_span and not quiet:
-            print(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
-                  f"using {self.max_span}", file=sys.stderr)
+        if self.max_span < cfg.max_span != SamplerConfig.max_span:
+            say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
+                f"using {self.max_span}", file=sys.stderr)
         A, lengths = cfg.num_anchors, corpus.lengths
         if len(lengths) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
             raise UserError(f"no documents in the data: {corpus.meta['summary']}")
@@ -262,10 +262,9 @@ class SpanBatches(torch.utils.data.Dataset):
         if self.per_rank == 0 or self.steps_per_epoch == 0:
             raise UserError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
                             f"documents over {world_size} ranks")
-        if not quiet:
-            short = int((lengths < floor).sum())
-            print(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
-                  f"{self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
+        short = int((lengths < floor).sum())
+        say(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
+            f"{self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
         self._shard = (None, None)
 
     def shard(self, epoch: int) -> np.ndarray:
@@ -279,7 +278,7 @@ class SpanBatches(torch.utils.data.Dataset):
         cfg, special = self.cfg, self.special
         epoch, i = divmod(int(step), self.steps_per_epoch)
         rng = np.random.default_rng([cfg.seed, epoch, self.rank, i])  # resumable: no state carried between steps
-        anchors, positives, a_doc, p_doc = [], [], [], []
+        anchors, positives, a_doc = [], [], []
         for d in self.shard(epoch)[i * self.per_rank:(i + 1) * self.per_rank]:
             start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
             max_len = min(self.max_span, n // (2 * cfg.num_anchors))  # only short docs, when allowed, scale down
@@ -288,8 +287,7 @@ class SpanBatches(torch.utils.data.Dataset):
                                               max_len, rng, cfg.positive_view):
                 anchors.append(toks[start + a0:start + a1])
                 positives += [toks[start + p0:start + p1] for p0, p1 in pos]
-                a_doc.append(d)
-                p_doc += [d] * len(pos)
+                a_doc.append(d)  # for `python sampler.py`, which names each anchor's document
         # <s> span </s>, padded to the longest of the batch (the model computes only the real tokens)
         a_ids, a_mask = pad_rows([[special["cls"], *s, special["sep"]] for s in anchors], special["pad"])
         p_ids, p_mask = pad_rows([[special["cls"], *s, special["sep"]] for s in positives], special["pad"])
@@ -298,10 +296,9 @@ class SpanBatches(torch.utils.data.Dataset):
         mlm_inputs, mlm_labels = mask_tokens(a_ids, eligible, rng, special["mask"], self.random_ids,
                                              cfg.mlm_probability)
         t = torch.from_numpy
-        return dict(anchors=t(a_ids), anchor_mask=t(a_mask), anchor_lengths=t(a_mask.sum(1)), positives=t(p_ids),
-                    positive_mask=t(p_mask), positive_lengths=t(p_mask.sum(1)), mlm_inputs=t(mlm_inputs),
-                    mlm_labels=t(mlm_labels), anchor_doc=t(np.asarray(a_doc, dtype=np.int64)),
-                    positive_doc=t(np.asarray(p_doc, dtype=np.int64)), step=int(step))
+        return dict(anchors=t(a_ids), anchor_lengths=t(a_mask.sum(1)), positives=t(p_ids),
+                    positive_lengths=t(p_mask.sum(1)), mlm_inputs=t(mlm_inputs), mlm_labels=t(mlm_labels),
+                    anchor_doc=t(np.asarray(a_doc, dtype=np.int64)))
 
 
 def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):

@@ -38,16 +38,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import evaluate_sts
 import sampler
-from common import UserError, bounded, choice
-from hub import train_tokenizer
+from common import UserError, bounded
 from loss import nt_xent
-from model import load_pretrained, mean_pool, real_positions, save_pretrained, scratch_encoder, scratch_shape
+from model import (
+    load_pretrained,
+    mean_pool,
+    nonpad_positions,
+    save_pretrained,
+    scratch_encoder,
+    scratch_shape,
+    scratch_tokenizer,
+)
 
 MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a typo, not a run
 
 
 @dataclass
-class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data, N, A, P, spans, ...), then these
+class TrainConfig(sampler.SamplerConfig, common.Precision):  # --dtype, the sampler's (model, data, N, A, P...), these
     out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
     resume: bool = False  # continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured
     overwrite: bool = False  # start afresh in an out that holds an earlier run
@@ -63,7 +70,6 @@ class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data
     epochs: int = bounded(1, 1, 10**6)
     chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
     grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 GPU, else fp16 (loss-scaled) GPU, fp32 CPU
     compile: bool = False  # torch.compile each chunk's forward: the encoder, pooling and the MLM head
     ddp_timeout: int = bounded(1800, 1, 604800)  # seconds a collective waits for the other ranks before the job stops
     log_every: int = bounded(10, 1)
@@ -82,8 +88,8 @@ class TrainConfig(sampler.SamplerConfig):  # the sampler's settings (model, data
                             f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
-        if self.model.startswith("scratch:"):
-            scratch_shape(self.model.removeprefix("scratch:"), "--model scratch:")
+        if (shape := scratch(self.model)) is not None:
+            scratch_shape(shape, "--model scratch:")
 
 
 # Flags that --resume takes from the command line: they extend the run or change what is logged, evaluated and
@@ -94,83 +100,146 @@ RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval
 
 # -----------------------------------------------------------------------------------------------
 # One step (§3): embed every span, NT-Xent between anchors and their positives, MLM on the anchors.
-# First what the step is made of (the spans, their chunks, one chunk's forward), then the step itself.
+# The step first, then what it is made of: one chunk's forward, the spans cut into chunks, GradCache.
+
+
+def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
+    """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `model` is
+    ChunkedEncoder(encoder), under torchrun in the DDP that setup() builds (DDP averages the gradients)."""
+    # The step's spans on the device, in chunks of similar length
+    spans = Spans(batch, cfg, unwrap(model).encoder)
+    # §3.3: MLM is a mean over the masked tokens of the whole global batch
+    spans.mlm_scale = mlm_scale(spans.n_masked, world, spans.device)
+    if cfg.grad_cache:
+        return grad_cache_step(model, spans, cfg, world, scaler)
+    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
+    emb, mlm = model(spans, range(len(spans.chunks)))
+    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
+    emb = emb[spans.unsort]
+    # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
+    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
+    # §3.3: one objective, contrastive + MLM, one backward
+    scaled(contrastive + mlm, scaler).backward()
+    return step_stats(spans, contrastive, mlm, world)
+
+
+def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
+    if not cfg.contrastive:
+        return emb.new_zeros(())
+    anchors, positives = emb[:n_anchors], emb[n_anchors:]
+    return nt_xent(anchors, positives.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
+
+
+def mlm_scale(n_masked: int, world: int, device) -> torch.Tensor:
+    """What this rank's summed MLM loss is multiplied by: DDP averages gradients over ranks, so each rank's share is
+    its sum over the global count of masked tokens, times world. A tensor, so that --compile does not specialise on
+    it."""
+    count = common.to_device(np.asarray(n_masked, dtype=np.float32), device)
+    if world > 1:
+        dist.all_reduce(count)
+    return world / count.clamp(min=1)
+
+
+def scaled(loss, scaler):
+    """fp16: the loss times the scaler's scale, so that small gradients do not vanish in half precision."""
+    return loss if scaler is None else scaler.scale(loss)
+
+
+def step_stats(spans, contrastive, mlm, world: int) -> dict:
+    """The step's losses for the log, left on the device (the loop reads them once): contrastive (the same on every
+    rank) and MLM averaged over ranks."""
+    mlm_log = mlm.detach() / world if spans.mlm else torch.zeros((), device=spans.device)
+    if world > 1:
+        dist.all_reduce(mlm_log)  # the global mean, for the log
+    return dict(tokens=int(spans.lengths.sum()), contrastive=contrastive.detach(), mlm=mlm_log)
+
+
+def chunk_forward(encoder, ids, mask, nonpad, mlm_at, mlm_targets, mlm_scale):
+    """One chunk of spans -> their embeddings (g, H) and this rank's share of the MLM loss of the anchors among them.
+    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
+    h = encoder(ids, mask, nonpad=nonpad)  # (g, T, H)
+    # §3.1: a span's embedding is the mean of its token states
+    emb = mean_pool(h, mask).float()  # (g, H)
+    if mlm_at is None:
+        return emb, emb.new_zeros(())
+    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
+    logits = encoder.mlm_logits(h.flatten(0, 1)[mlm_at])  # (K, V)
+    return emb, F.cross_entropy(logits.float(), mlm_targets, reduction="sum") * mlm_scale
+
+
+class ChunkedEncoder(nn.Module):
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
+    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+
+    def __init__(self, encoder, compile: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.chunk_forward = torch.compile(chunk_forward, dynamic=True) if compile else chunk_forward
+
+    def chunk(self, spans: "Spans", k: int, with_mlm: bool = True):
+        with spans.autocast:
+            return self.chunk_forward(self.encoder, *spans.chunk(k, with_mlm), spans.mlm_scale)
+
+    def forward(self, spans: "Spans", chunks):
+        outs = [self.chunk(spans, k) for k in chunks]
+        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
+
+
+def unwrap(model) -> ChunkedEncoder:
+    """The ChunkedEncoder itself, also from inside setup()'s DDP(ChunkedEncoder(encoder))."""
+    return model.module if isinstance(model, DDP) else model
 
 
 class Spans:
     """One step's spans as one list: the anchors first (MLM-corrupted when MLM is on), then their positives, P per
-    anchor in order, cut into chunks of similar length. Span i is row i of one (S, T) tensor padded to the longest,
-    so a chunk is a slice of rows. What each chunk needs (its rows, where its real tokens and MLM targets are) is
-    worked out on the host from the lengths the sampler gives and sent to the device in one copy: nothing in the
-    step makes the host wait for the GPU."""
+    anchor in order, cut into chunks of similar length. Each chunk's inputs (its ids and mask, where its non-pad
+    tokens and MLM targets are) are worked out on the host from the lengths the sampler gives, and copied to the
+    device from page-locked memory without waiting (common.to_device): nothing in the step makes the host wait for
+    the GPU. A copy each, a few dozen a step, costs microseconds beside a step's hundreds of milliseconds on a GPU."""
 
-    def __init__(self, batch, cfg: TrainConfig, encoder, world: int):
+    def __init__(self, batch, cfg: TrainConfig, encoder):
         self.device = device = next(encoder.parameters()).device
-        self.world, self.n_anchors, self.mlm = world, len(batch["anchors"]), cfg.mlm
+        self.n_anchors, self.mlm = len(batch["anchors"]), cfg.mlm
         anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
         positives = batch["positives"] if cfg.contrastive else batch["positives"][:0]  # MLM alone needs no positives
-        self.lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"][:len(positives)]]).numpy()
+        lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"][:len(positives)]]).numpy()  # (S,)
+        self.lengths = lengths
         # Spans of similar length run together, within a token budget. On a GPU, one chunk per budget: a chunk more
         # costs more in launches than the padding inside one, which the token-wise layers skip anyway.
-        self.groups = length_groups(self.lengths, cfg.chunk_tokens, spread=0.8 if device.type == "cpu" else 0.0)
+        self.groups = length_groups(lengths, cfg.chunk_tokens, spread=0.8 if device.type == "cpu" else 0.0)
         T, pad = max(anchors.shape[1], positives.shape[1]), encoder.config.pad_token_id
-        self.ids = torch.cat([F.pad(anchors.to(device, non_blocking=True), (0, T - anchors.shape[1]), value=pad),
-                              F.pad(positives.to(device, non_blocking=True), (0, T - positives.shape[1]), value=pad)])
-        self.plan = self._plan(batch["mlm_labels"].numpy())
-        # MLM is a mean over the masked tokens of the whole global batch; DDP averages gradients over ranks, so
-        # each rank's share is its sum divided by the global count over world.
-        n_masked = self.part("n_masked")[0].float()
-        if world > 1:
-            dist.all_reduce(n_masked)
-        self.mlm_scale = world / n_masked.clamp(min=1)
-        dtype = common.autocast_dtype(cfg.dtype, device)
-        self.autocast = torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+        ids = torch.cat([F.pad(anchors, (0, T - anchors.shape[1]), value=pad),
+                         F.pad(positives, (0, T - positives.shape[1]), value=pad)]).numpy()  # (S, T)
+        labels = batch["mlm_labels"].numpy()
+        self.chunks = [self._chunk(group, ids, lengths, labels) for group in self.groups]
+        order = np.concatenate(self.groups)
+        self.order, self.unsort = common.to_device(order, device), common.to_device(np.argsort(order), device)
+        self.n_masked = int((labels != -100).sum())
+        self.autocast = common.autocast(common.autocast_dtype(cfg.dtype, device), device)
 
-    def _plan(self, labels: np.ndarray) -> torch.Tensor:
-        """Every index the chunks need, in one int64 tensor on the device; part(name, k) finds chunk k's piece."""
-        parts = {"lengths": self.lengths, "order": np.concatenate(self.groups),
-                 "unsort": np.argsort(np.concatenate(self.groups)), "n_masked": [int((labels != -100).sum())]}
-        # Every chunk gets the same kinds of input, so that --compile builds one graph for them all: the real
-        # tokens' positions even where there is no padding, and MLM targets even where there is no anchor.
-        for k, group in enumerate(self.groups):
-            T = int(self.lengths[group].max())
-            parts[f"rows{k}"] = group
-            parts[f"real{k}"] = real_positions(self.lengths[group], T)  # the real tokens' flat positions
-            # §3.3: where the anchors' masked tokens are in the chunk's (g, T) layout, and what they were
-            anchors = np.flatnonzero(group < self.n_anchors)  # the chunk's rows that hold anchors
-            chunk_labels = labels[group[anchors], :T]
-            i, j = np.nonzero(chunk_labels != -100)
-            at, targets = anchors[i] * T + j, chunk_labels[i, j]
-            # At least two targets, the added ones ignored (-100): a chunk with none or one would be a graph of its
-            # own, as the compiler treats sizes 0 and 1 apart from all others.
-            pad = max(0, 2 - len(at))
-            parts[f"mlm_at{k}"], parts[f"mlm_targets{k}"] = np.r_[at, [0] * pad], np.r_[targets, [-100] * pad]
-        arrays = [np.asarray(v, dtype=np.int64) for v in parts.values()]
-        ends = np.cumsum([len(a) for a in arrays])
-        self.slices = {name: slice(end - len(a), end) for name, a, end in zip(parts, arrays, ends, strict=True)}
-        return common.to_device(np.concatenate(arrays), self.device)
+    def _chunk(self, group, ids, lengths, labels) -> tuple:
+        """(g, T) ids and 0/1 mask, the non-pad tokens' flat positions, the MLM targets' flat positions and ids."""
+        T = int(lengths[group].max())
+        mask = (np.arange(T)[None] < lengths[group][:, None]).astype(np.int64)  # (g, T)
+        # §3.3: where the anchors' masked tokens are in the chunk's (g, T) layout, and what they were
+        anchors = np.flatnonzero(group < self.n_anchors)  # the chunk's rows that hold anchors
+        chunk_labels = labels[group[anchors], :T]
+        i, j = np.nonzero(chunk_labels != -100)
+        at, targets = anchors[i] * T + j, chunk_labels[i, j]
+        # Every chunk gets the same kinds of input, so that --compile builds one graph for them all: the non-pad
+        # tokens' positions even where there is no padding, and at least two MLM targets, the added ones ignored
+        # (-100): a chunk with none or one would be a graph of its own, as the compiler treats sizes 0 and 1 apart.
+        pad = max(0, 2 - len(at))
+        at, targets = np.r_[at, [0] * pad].astype(np.int64), np.r_[targets, [-100] * pad].astype(np.int64)
+        host = (ids[group, :T], mask, nonpad_positions(lengths[group], T), at, targets)
+        return tuple(common.to_device(x, self.device) for x in host)
 
-    def part(self, name: str, k: int | str = ""):
-        where = self.slices.get(f"{name}{k}")
-        return None if where is None else self.plan[where]
-
-    def chunk(self, k: int, with_mlm: bool = True):
-        """Chunk k: (g, T) ids and 0/1 mask, the real tokens' flat positions, the MLM targets' positions and ids (None:
-        no MLM, or GradCache's first pass)."""
-        T = int(self.lengths[self.groups[k]].max())
-        rows = self.part("rows", k)
-        mask = (torch.arange(T, device=self.device)[None] < self.part("lengths")[rows][:, None]).long()  # (g, T)
+    def chunk(self, k: int, with_mlm: bool = True) -> tuple:
+        """Chunk k's inputs to chunk_forward; without MLM targets (None) when MLM is off, or in GradCache's first
+        pass."""
+        ids, mask, nonpad, at, targets = self.chunks[k]
         mlm = with_mlm and self.mlm
-        return (self.ids[rows, :T], mask, self.part("real", k), self.part("mlm_at", k) if mlm else None,
-                self.part("mlm_targets", k) if mlm else None)
-
-    def stats(self, contrastive, mlm) -> dict:
-        """The step's losses for the log, left on the device (the loop reads them once): contrastive (the same on
-        every rank) and MLM averaged over ranks."""
-        mlm_log = mlm.detach() / self.world if self.mlm else torch.zeros((), device=self.device)
-        if self.world > 1:
-            dist.all_reduce(mlm_log)  # the global mean, for the log
-        return dict(tokens=int(self.lengths.sum()), contrastive=contrastive.detach(), mlm=mlm_log)
+        return ids, mask, nonpad, at if mlm else None, targets if mlm else None
 
 
 def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list[np.ndarray]:
@@ -191,85 +260,19 @@ def length_groups(lengths: np.ndarray, budget: int, spread: float = 0.8) -> list
     return groups
 
 
-def chunk_forward(encoder, ids, mask, real, mlm_at, mlm_targets, mlm_scale):
-    """One chunk of spans -> their embeddings (g, H) and this rank's share of the MLM loss of the anchors among them.
-    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask, real=real)  # (g, T, H)
-    # §3.1: a span's embedding is the mean of its token states
-    emb = mean_pool(h, mask).float()  # (g, H)
-    if mlm_at is None:
-        return emb, emb.new_zeros(())
-    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
-    logits = encoder.mlm_logits(h.flatten(0, 1)[mlm_at])  # (K, V)
-    return emb, F.cross_entropy(logits.float(), mlm_targets, reduction="sum") * mlm_scale
-
-
-class Chunks(nn.Module):
-    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
-    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
-
-    def __init__(self, encoder, compile: bool = False):
-        super().__init__()
-        self.encoder = encoder
-        self.chunk_forward = torch.compile(chunk_forward, dynamic=True) if compile else chunk_forward
-
-    def chunk(self, spans: Spans, k: int, with_mlm: bool = True):
-        with spans.autocast:
-            return self.chunk_forward(self.encoder, *spans.chunk(k, with_mlm), spans.mlm_scale)
-
-    def forward(self, spans: Spans, chunks):
-        outs = [self.chunk(spans, k) for k in chunks]
-        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
-
-
-def unwrap(chunks) -> Chunks:
-    """Chunks itself, also from inside setup()'s DDP(Chunks(encoder))."""
-    return chunks.module if isinstance(chunks, DDP) else chunks
-
-
-def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
-    if not cfg.contrastive:
-        return emb.new_zeros(())
-    anchors, positives = emb[:n_anchors], emb[n_anchors:]
-    return nt_xent(anchors, positives.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
-
-
-def scaled(loss, scaler):
-    """fp16: the loss times the scaler's scale, so that small gradients do not vanish in half precision."""
-    return loss if scaler is None else scaler.scale(loss)
-
-
-def train_step(chunks, batch, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
-    """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `chunks` is
-    Chunks(encoder), or under torchrun the DDP(Chunks(encoder)) that setup() builds (DDP averages the gradients)."""
-    # The step's spans, in chunks of similar length
-    spans = Spans(batch, cfg, unwrap(chunks).encoder, world)
-    if cfg.grad_cache:
-        return grad_cache_step(chunks, spans, cfg, scaler)
-    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
-    emb, mlm = chunks(spans, range(len(spans.groups)))
-    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
-    emb = emb[spans.part("unsort")]
-    # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
-    contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
-    # §3.3: one objective, contrastive + MLM, one backward
-    scaled(contrastive + mlm, scaler).backward()
-    return spans.stats(contrastive, mlm)
-
-
-def grad_cache_step(chunks, spans: Spans, cfg: TrainConfig, scaler=None) -> dict:
+def grad_cache_step(model, spans: Spans, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
     states, embs = [], []
     with torch.no_grad():
-        for k in range(len(spans.groups)):
+        for k in range(len(spans.chunks)):
             states.append(rng_state(spans.device))
-            embs.append(unwrap(chunks).chunk(spans, k, with_mlm=False)[0])
+            embs.append(unwrap(model).chunk(spans, k, with_mlm=False)[0])
     # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
-    emb = torch.cat(embs)[spans.part("unsort")].requires_grad_()
+    emb = torch.cat(embs)[spans.unsort].requires_grad_()
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
     grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
-    grad = grad[spans.part("order")]
+    grad = grad[spans.order]
     starts = np.cumsum([0] + [len(g) for g in spans.groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
     # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
     # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
@@ -278,16 +281,16 @@ def grad_cache_step(chunks, spans: Spans, cfg: TrainConfig, scaler=None) -> dict
     mlm = torch.zeros((), device=spans.device)
     for i, k in enumerate(order):
         set_rng_state(states[k], spans.device)
-        with accumulate_locally(chunks, i < len(order) - 1):
-            e, m = chunks(spans, [k])
+        with accumulate_locally(model, i < len(order) - 1):
+            e, m = model(spans, [k])
             scaled((e * grad[starts[k]:starts[k + 1]]).sum() + m, scaler).backward()
         mlm = mlm + m.detach()
-    return spans.stats(contrastive, mlm)
+    return step_stats(spans, contrastive, mlm, world)
 
 
-def accumulate_locally(chunks, local: bool):
+def accumulate_locally(model, local: bool):
     """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces them all."""
-    return chunks.no_sync() if local and isinstance(chunks, DDP) else contextlib.nullcontext()
+    return model.no_sync() if local and isinstance(model, DDP) else contextlib.nullcontext()
 
 
 def rng_state(device):
@@ -360,7 +363,7 @@ class Run:
     cfg: TrainConfig
     out: Path
     encoder: nn.Module
-    chunks: nn.Module  # what train_step runs: Chunks(encoder) (compiled with --compile), in DDP under torchrun
+    model: nn.Module  # what train_step runs: ChunkedEncoder(encoder) (compiled with --compile), in DDP under torchrun
     tok: object
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16's loss scale; disabled (a no-op) in every other precision
@@ -368,7 +371,7 @@ class Run:
     total: int
     step: int = 0
     best: float = -1.0
-    last_good: Path | None = None  # the newest checkpoint
+    latest_checkpoint: Path | None = None  # the newest checkpoint
     evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
     rank: int = 0
     world: int = 1
@@ -387,7 +390,7 @@ def train(run: Run):
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
         with out_of_memory_is_one_line(run):
             # Forward and backward of this rank's documents
-            stats = train_step(run.chunks, batch, cfg, run.world, run.scaler)
+            stats = train_step(run.model, batch, cfg, run.world, run.scaler)
             # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
             gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
         # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
@@ -400,7 +403,7 @@ def train(run: Run):
                                                      for x in numbers]).tolist()
         if not math.isfinite(contrastive + mlm):
             raise UserError(f"loss is {contrastive + mlm} at step {run.step + 1}; last good checkpoint: "
-                            f"{run.last_good or 'none yet'}")
+                            f"{run.latest_checkpoint or 'none yet'}")
         run.step += 1
         clock.append((time.time(), clock[-1][1] + stats["tokens"] * run.world))
         (t_old, n_old), (t_new, n_new) = clock[0], clock[-1]
@@ -414,14 +417,14 @@ def train(run: Run):
             log(run, rec, time.time() - t0, (t_new - t_old) / (len(clock) - 1))
         if run.step % cfg.ckpt_every == 0 or run.step == run.total or stop:
             if run.rank == 0:
-                run.last_good = save_checkpoint(run)
+                run.latest_checkpoint = save_checkpoint(run)
             if run.world > 1:
                 dist.barrier()
         if stop and run.step < run.total:
             raise Terminated
     if cfg.compile:
         graphs, gave_up = compiled_graphs()
-        common.say(run.rank, f"--compile: {graphs} graph(s) compiled" + (
+        common.say(f"--compile: {graphs} graph(s) compiled" + (
             "; the recompile limit was reached, and the chunks after it ran eager" if gave_up else ""))
 
 
@@ -447,7 +450,7 @@ def out_of_memory_is_one_line(run: Run):
         raise UserError(f"out of memory on {run.encoder.embeddings.word.weight.device} in step {run.step + 1} "
                         f"({cfg.docs_per_step // run.world} documents on this rank): pass {fix} (the same gradient, "
                         f"less memory), or give each GPU fewer documents (more GPUs, or a smaller --docs-per-step); "
-                        f"last checkpoint: {run.last_good or 'none yet'}", alone=True) from None
+                        f"last checkpoint: {run.latest_checkpoint or 'none yet'}", alone=True) from None
 
 
 def score_and_keep_best(run: Run, rec: dict):
@@ -490,33 +493,36 @@ def main(argv=None):
     previous = signal.signal(signal.SIGTERM, stop) if handled else None
     run, threads = None, torch.get_num_threads()
     try:
-        procs = common.processes()
-        run = setup(cfg, common.given_fields(argv), procs)
+        proc = common.processes()
+        run = setup(cfg, common.given_fields(argv), proc)
         run.stop = stop
         train(run)
         if run.rank == 0:
             finish(run)
         if run.world > 1:
             dist.barrier()  # no rank tears its connections down while another still uses them
-    except KeyboardInterrupt:  # Ctrl-C: one line, the checkpoint to resume from
-        where = "before training began" if run is None else \
-            f"at step {run.step}; last checkpoint: {run.last_good or 'none yet'}"
-        raise UserError(f"interrupted {where}" + (f" (continue with: python train.py --out {run.out} --resume)"
-                                                   if run and run.last_good else ""), code=130) from None
-    except Terminated:  # SIGTERM: the step it came in is checkpointed (train); exit 143, as a shell reports it
-        where = "before training began" if run is None else f"after step {run.step}; checkpoint: {run.last_good}"
-        raise UserError(f"terminated (SIGTERM) {where}" + (f" (continue with: python train.py --out {run.out} "
-                                                            f"--resume)" if run and run.last_good else ""),
-                        code=143) from None
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
+        raise stopped(run, isinstance(e, Terminated)) from None
     finally:
         if handled:
             signal.signal(signal.SIGTERM, previous)
         torch.set_num_threads(threads)
         if dist.is_initialized():
             if run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
-                run.chunks = None
+                run.model = None
                 gc.collect()
             dist.destroy_process_group()
+
+
+def stopped(run: Run | None, sigterm: bool) -> UserError:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143, as a shell reports them; the step it came in was finished and
+    checkpointed): where the run stopped, and how to go on."""
+    what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
+    if run is None:
+        return UserError(f"{what} before training began", code)
+    hint = f" (continue with: python train.py --out {run.out} --resume)" if run.latest_checkpoint else ""
+    where = f"after step {run.step}; last checkpoint: {run.latest_checkpoint or 'none yet'}"
+    return UserError(f"{what} {where}{hint}", code)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -535,23 +541,22 @@ class Resume:
         return self.state["step"]
 
 
-def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
+def setup(cfg: TrainConfig, given: set, proc: common.Process) -> Run:
     """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced, and all
     that may take long (a tokenizer, the corpus) is ready before the process group exists, whose collectives may wait
     only --ddp-timeout seconds."""
-    rank, world, device = procs.rank, procs.world, procs.device
-    cfg, out, resume_from = run_folder(cfg, given, procs)
+    rank, world, device = proc.rank, proc.world, proc.device
+    cfg, out, resume_from = run_folder(cfg, given, proc)
     if cfg.docs_per_step % world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {world} ranks", code=2)
     torch.set_num_threads(cfg.threads or common.default_threads())
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
     pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
-    encoder, tok = resume_from.model if resume_from else build_model(cfg, procs)
-    if not resume_from and not cfg.model.startswith("scratch:") and not Path(cfg.model).expanduser().is_dir():
+    encoder, tok = resume_from.model if resume_from else build_model(cfg, proc)
+    if not resume_from and scratch(cfg.model) is None and not Path(cfg.model).expanduser().is_dir():
         cfg = replace(cfg, model=f"{cfg.model.partition('@')[0]}@{encoder.source.name}")  # the commit it started from
     encoder.to(device).train()
-    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, procs), tok, cfg, encoder.config.max_tokens, rank, world,
-                                  quiet=rank != 0)
+    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, proc), tok, cfg, encoder.config.max_tokens, rank, world)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
     if total > MAX_STEPS:
         raise UserError(f"--epochs {cfg.epochs}: {total:,} steps of {batches.steps_per_epoch:,} per epoch; a run "
@@ -559,62 +564,62 @@ def setup(cfg: TrainConfig, given: set, procs: common.Processes) -> Run:
     if resume_from and resume_from.step >= total and not restarted():
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
-    common.init_process_group(procs, cfg.ddp_timeout)
+    common.init_process_group(proc, cfg.ddp_timeout)
     if rank == 0:
         common.prepare_run_folder(out, resume_from.step if resume_from else None)
     opt = make_optimizer(encoder, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=common.autocast_dtype(cfg.dtype, device) == torch.float16)
-    chunks = Chunks(encoder, compile=cfg.compile)
+    model = ChunkedEncoder(encoder, compile=cfg.compile)
     if world > 1:
-        chunks = data_parallel(chunks, device, cfg)
-    run = Run(cfg, out, encoder, chunks, tok, opt, scaler, batches, total, rank=rank, world=world)
+        model = data_parallel(model, device, cfg)
+    run = Run(cfg, out, encoder, model, tok, opt, scaler, batches, total, rank=rank, world=world)
     if resume_from:
         load_optimizer(opt, resume_from.state["optimizer"])
         if scaler.is_enabled() and "scaler" in resume_from.state:
             scaler.load_state_dict(resume_from.state["scaler"])
-        run.step, run.best, run.last_good = resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
-        common.say(rank, f"resuming at step {run.step} from {run.last_good}")
+        run.step, run.best = resume_from.step, resume_from.state.get("best", -1.0)
+        run.latest_checkpoint = resume_from.path
+        common.say(f"resuming at step {run.step} from {run.latest_checkpoint}")
     if pairs:  # scored as embed.py would embed on this device (its --dtype auto)
         run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs,
                                          dtype=common.autocast_dtype("auto", device))
-    common.say(rank, f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of "
-                     f"{cfg.docs_per_step} documents, {total / batches.steps_per_epoch:.1f} passes over its "
-                     f"{len(batches.docs):,} documents")
+    common.say(f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
+               f"documents, {total / batches.steps_per_epoch:.1f} passes over its {len(batches.docs):,} documents")
     return run
 
 
-def data_parallel(chunks: Chunks, device: torch.device, cfg: TrainConfig) -> DDP:
-    """DDP(Chunks): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the CPU;
-    the MLM head is unused under --no-mlm."""
-    return DDP(chunks, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=not cfg.mlm)
+def data_parallel(model: ChunkedEncoder, device: torch.device, cfg: TrainConfig) -> DDP:
+    """DDP(ChunkedEncoder): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the
+    CPU; the MLM head is unused under --no-mlm."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=not cfg.mlm)
 
 
-def run_folder(cfg: TrainConfig, given: set, procs: common.Processes):
+def run_folder(cfg: TrainConfig, given: set, proc: common.Process):
     """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing. Rank 0
     decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
     from its own --out, or the whole run stops before its first step, every rank with the same line."""
     if not cfg.data and not cfg.resume:
-        cfg = demo_config(cfg, given, procs)
+        cfg = demo_config(cfg, given, proc)
     mine = {}  # rank 0's checkpoint, read while deciding
 
     def decide() -> str:
         out, mine["resume"] = start_point(cfg)
         return json.dumps({"out": str(out), "step": mine["resume"].step if mine["resume"] else None})
 
-    decision = json.loads(common.made_once(procs.store, "run-folder", decide, maker=procs.rank == 0))
+    decision = json.loads(common.store_broadcast(proc.store, "run-folder", decide, maker=proc.rank == 0))
     # Each machine its own --out (one shared folder, or one each); with none given, the one rank 0 chose
     cfg = replace(cfg, model=cfg.model or "distilroberta-base", out=cfg.out or decision["out"])
     out, step, resume_from, problem = Path(cfg.out), decision["step"], mine.get("resume"), ""
-    if step is not None and procs.rank != 0:
+    if step is not None and proc.rank != 0:
         path = out / "checkpoints" / f"step-{step:08d}"
         try:
             if not path.is_dir():
                 raise UserError(f"{path}: not there")
-            resume_from = Resume(path, common.read_train_state(path), load_pretrained(str(path), verbose=False))
+            resume_from = Resume(path, common.read_train_state(path), load_pretrained(str(path), quiet=True))
         except UserError as e:
-            problem = (f"rank {procs.rank} on machine {procs.node} cannot resume at step {step} as rank 0 does ({e}): "
+            problem = (f"rank {proc.rank} on machine {proc.node} cannot resume at step {step} as rank 0 does ({e}): "
                        f"--out must be one folder that every machine sees, or hold a copy of rank 0's checkpoint")
-    said = common.every_rank_says(procs.store, "resume-read", problem, procs.rank, procs.world)
+    said = common.every_rank_says(proc.store, "resume-read", problem, proc.rank, proc.world)
     if problems := [p for p in said if p]:
         raise UserError(problems[0], code=2)
     return (resumed_config(cfg, given, resume_from), out, resume_from) if resume_from else (cfg, out, None)
@@ -628,7 +633,7 @@ def start_point(cfg: TrainConfig) -> tuple[Path, Resume | None]:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
     if cfg.resume or restarted():
-        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), verbose=False))
+        found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), quiet=True))
         if found:
             return out, Resume(*found)
         if not restarted():
@@ -662,29 +667,33 @@ def resumed_config(cfg: TrainConfig, given: set, resume_from: Resume) -> TrainCo
     return replace(stored, **{**{k: getattr(cfg, k) for k in given & RESUMABLE}, "resume": True, "out": cfg.out})
 
 
-def build_model(cfg: TrainConfig, procs: common.Processes):
+def build_model(cfg: TrainConfig, proc: common.Process):
     """(encoder, tokenizer); a scratch model's BPE is trained on the run's own documents by rank 0, and the others
     take it from there."""
-    if not cfg.model.startswith("scratch:"):
-        return load_pretrained(cfg.model, verbose=procs.rank == 0)
-    shape = cfg.model.removeprefix("scratch:")
+    if (shape := scratch(cfg.model)) is None:
+        return load_pretrained(cfg.model)
 
     def train_bpe() -> str:
         texts = common.document_texts(cfg.data, clean=not cfg.keep_whitespace)
-        return train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet=False).to_str()
+        return scratch_tokenizer(shape, texts, quiet=False).to_str()
 
-    tok = Tokenizer.from_str(common.made_once(procs.store, "tokenizer", train_bpe, maker=procs.rank == 0))
+    tok = Tokenizer.from_str(common.store_broadcast(proc.store, "tokenizer", train_bpe, maker=proc.rank == 0))
     return scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
 
 
-def corpus_for_run(cfg: TrainConfig, tok, procs: common.Processes) -> sampler.Corpus:
+def scratch(model: str) -> str | None:
+    """The shape of --model scratch:SHAPE (a random-init encoder, model.SHAPES), or None for a pretrained one."""
+    return model.removeprefix("scratch:") if model.startswith("scratch:") else None
+
+
+def corpus_for_run(cfg: TrainConfig, tok, proc: common.Process) -> sampler.Corpus:
     """One process per machine tokenises; the others wait for it, then read its cache."""
 
     def prepare() -> str:
         clean = not cfg.keep_whitespace
-        return str(sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, quiet=procs.rank != 0, clean=clean).dir)
+        return str(sampler.prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=clean).dir)
 
-    return sampler.Corpus(Path(common.made_once(procs.store, f"corpus/{procs.node}", prepare, procs.local == 0)))
+    return sampler.Corpus(Path(common.store_broadcast(proc.store, f"corpus/{proc.node}", prepare, proc.local == 0)))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -709,13 +718,13 @@ DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=
             ckpt_every=200)
 
 
-def demo_config(cfg: TrainConfig, given: set, procs: common.Processes) -> TrainConfig:
+def demo_config(cfg: TrainConfig, given: set, proc: common.Process) -> TrainConfig:
     cfg = replace(cfg, **{k: v for k, v in DEMO.items() if k not in given})  # --lr 5e-5 is 5e-5, the default or not
     # written once on each machine, by one process
-    folder = common.made_once(procs.store, f"demo-corpus/{procs.node}", lambda: str(common.demo_corpus(cfg.cache_dir)),
-                              procs.local == 0)
+    folder = common.store_broadcast(proc.store, f"demo-corpus/{proc.node}",
+                                    lambda: str(common.demo_corpus(cfg.cache_dir)), proc.local == 0)
     cfg = replace(cfg, data=[folder])
-    common.say(procs.rank, f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
+    common.say(f"no --data: the demo, {cfg.model} on Python's own documentation ({cfg.data[0]})")
     return cfg
 
 

@@ -228,7 +228,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     inits = initial_models(a, out)
     pairs = E.load_stsb_dev(a.stsb)
-    untrained = [E.spearman_of(*M.load_pretrained(str(inits[s]), verbose=False), pairs) for s in a.seeds]
+    untrained = [E.spearman_of(*M.load_pretrained(str(inits[s]), quiet=True), pairs) for s in a.seeds]
     floor = [lexical_floor(pairs, s) for s in a.seeds]
     t0 = time.time()
     run_arms(a, out, inits)

@@ -43,7 +43,7 @@ def main():
     rows = (shared / "data/sts/stsbenchmark/sts-dev.csv").read_text(encoding="utf-8").splitlines()
     texts = [s for r in rows for s in r.split("\t")[5:7]]  # 3,000 sentences, duplicates kept
     st = SentenceTransformer(str(minilm), device="cpu")
-    model, tok = M.load_pretrained(str(minilm), verbose=False)
+    model, tok = M.load_pretrained(str(minilm), quiet=True)
     E.encode(texts[:64], model, tok)  # warm-up
     st.encode(texts[:64])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; all-MiniLM-L6-v2, {len(texts):,} STS-B dev "

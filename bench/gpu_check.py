@@ -14,7 +14,7 @@ and fail on a wrong one:
   b. GradCache's gradient against the plain step's with dropout on, eager and compiled, in fp32
   c. --compile against eager on four batches: fp32 within 1e-3; bf16 within twice the spread of eager bf16 against
      eager fp32, measured here; no graph break, at most two graphs (fp32, bf16), no fall back to eager
-  d. a one-rank NCCL process group set up as train.py sets it up: DDP(Chunks)'s gradient (plain and GradCache's
+  d. a one-rank NCCL process group set up as train.py sets it up: DDP(ChunkedEncoder)'s gradient (plain and GradCache's
      no_sync) against the bare step's; the gather's forward and backward through NCCL against a hand-worked gradient
   e. train.py --steps 30, distilroberta-base shape, N=16: tokens/s, MFU against the GPU's bf16 peak, peak memory
      against the estimate (bench/gpu_memory.py), chunks and host-GPU synchronisations per step
@@ -70,10 +70,10 @@ class Check:
         self.docs = documents(self.tmp / "docs", 12 if dry else 16)
         texts = common.document_texts([self.docs], max_chars=(2 if dry else 8) << 20)
         self.tok = train_tokenizer(texts, 4096 if dry else 50265)
-        self.corpus = sampler.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"), quiet=True)
+        self.corpus = sampler.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"))
         self.cfg = train.TrainConfig(docs_per_step=self.docs_per_step, min_span=16 if dry else 32,
                                      max_span=self.max_span, chunk_tokens=16384)
-        self.batches = sampler.SpanBatches(self.corpus, self.tok, self.cfg, 512, quiet=True)
+        self.batches = sampler.SpanBatches(self.corpus, self.tok, self.cfg, 512)
 
     def encoder(self, dropout: bool = False, seed: int = 0):
         enc = model.scratch_encoder(self.shape, self.tok.get_vocab_size(), seed)
@@ -100,13 +100,13 @@ def device(dry: bool) -> torch.device:
     return torch.device("cpu") if dry else common.processes().device
 
 
-def one_rank_process_group(dev: torch.device) -> common.Processes:
+def one_rank_process_group(dev: torch.device) -> common.Process:
     """One rank meeting in a store of its own, its process group set up as train.py's (NCCL on a GPU)."""
     import torch.distributed as dist
 
-    procs = common.Processes(rank=0, local=0, world=1, device=dev, store=dist.HashStore())
-    common.init_process_group(procs, 60)
-    return procs
+    proc = common.Process(rank=0, local=0, world=1, device=dev, store=dist.HashStore())
+    common.init_process_group(proc, 60)
+    return proc
 
 
 def documents(folder: Path, n: int) -> Path:
@@ -135,7 +135,7 @@ def worst_relative(a: dict, b: dict) -> float:
 def step(check: Check, enc, batch, **overrides) -> dict:
     enc.zero_grad(set_to_none=True)
     cfg = train.TrainConfig(**{**check.cfg.__dict__, **overrides})
-    stats = train.train_step(train.Chunks(enc, compile=overrides.get("compile", False)), batch, cfg)
+    stats = train.train_step(train.ChunkedEncoder(enc, compile=overrides.get("compile", False)), batch, cfg)
     return {"loss": float(stats["contrastive"] + stats["mlm"]), "grads": grads(enc)}
 
 
@@ -159,7 +159,8 @@ def parity(check: Check):
     gpu = check.encoder().to(check.dev)
     gpu.load_state_dict(cpu.state_dict())
     batch = check.batches[0]
-    ids, mask = batch["anchors"], batch["anchor_mask"]
+    ids, lengths = batch["anchors"], batch["anchor_lengths"]
+    mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()  # (B, T) 0/1
     full = batch["anchors"][:4, :int(batch["anchor_lengths"][:4].min())]  # cut to the shortest: no padding
     with torch.no_grad(), exact_fp32():
         for name, (x, m) in {"padded": (ids, mask), "unpadded": (full, torch.ones_like(full))}.items():
@@ -256,11 +257,12 @@ def hand_worked_nt_xent_grad(a: torch.Tensor, p: torch.Tensor, tau: float):
 
 
 def ddp(check: Check):
-    """(d) a one-rank process group (NCCL on a GPU) as train.py sets it up: DDP(Chunks), no_sync under GradCache, the
-    gather through NCCL; DDP's gradient against the bare step's, the gather's against a hand-worked one."""
+    """(d) a one-rank process group (NCCL on a GPU) as train.py sets it up: DDP(ChunkedEncoder), no_sync under
+    GradCache,
+    the gather through NCCL; DDP's gradient against the bare step's, the gather's against a hand-worked one."""
     import torch.distributed as dist
 
-    procs = one_rank_process_group(check.dev)
+    proc = one_rank_process_group(check.dev)
     try:
         batch = check.batches[6]
         enc = check.encoder()
@@ -268,7 +270,7 @@ def ddp(check: Check):
         for grad_cache_on in (False, True):
             enc.zero_grad(set_to_none=True)
             cfg = train.TrainConfig(**{**check.cfg.__dict__, "grad_cache": grad_cache_on, "chunk_tokens": 2048})
-            chunks = train.data_parallel(train.Chunks(enc), procs.device, cfg)
+            chunks = train.data_parallel(train.ChunkedEncoder(enc), proc.device, cfg)
             train.train_step(chunks, batch, cfg, world=1)
             check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                  worst_relative(grads(enc), ref["grads"])})
@@ -361,14 +363,15 @@ def attention_kernel(check: Check):
     """(f) the kernels the encoder's masked attention runs, from the profiler."""
     enc = check.encoder().eval()
     b = check.batches[0]
-    x, m = b["anchors"].to(check.dev), b["anchor_mask"].to(check.dev)
+    x, lengths = b["anchors"], b["anchor_lengths"]
+    x, m = x.to(check.dev), (torch.arange(x.shape[1])[None] < lengths[:, None]).long().to(check.dev)
     activity = [torch.profiler.ProfilerActivity.CPU]
     if check.dev.type == "cuda":
         activity.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.no_grad(), torch.autocast(check.dev.type, dtype=torch.bfloat16, enabled=check.dev.type == "cuda"):
-        enc.embed(x, m)
+        enc(x, m)
         with torch.profiler.profile(activities=activity) as prof:
-            enc.embed(x, m)
+            enc(x, m)
             check.sync()
     words = ("attention", "fmha", "flash", "sdpa", "softmax")
     names = sorted({e.key for e in prof.key_averages() if any(w in e.key.lower() for w in words)})
@@ -380,7 +383,7 @@ def embedding(check: Check):
     """(g) embed.encode sentences/s on the device; STS-B dev on the device against the CPU."""
     minilm, stsb = SHARED / "models" / "all-MiniLM-L6-v2", SHARED / "data" / "sts" / "stsbenchmark" / "sts-dev.csv"
     if minilm.exists() and stsb.exists():
-        enc, tok = model.load_pretrained(str(minilm), verbose=False)
+        enc, tok = model.load_pretrained(str(minilm), quiet=True)
         pairs, what = evaluate_sts.load_stsb_dev(stsb), "all-MiniLM-L6-v2 on STS-B dev"
     else:  # a random model: its scores are noise, but CPU and GPU fp32 must still agree
         enc, tok = check.encoder().cpu().eval(), check.tok
@@ -406,11 +409,11 @@ def embedding(check: Check):
 
 
 def packed_attention(check: Check):
-    """(h) varlen_attn over the concatenated real tokens against the padded path: tokens/s and gradient (dropout off:
+    """(h) varlen_attn over the concatenated non-pad tokens against the padded path: tokens/s and gradient (dropout off:
     varlen_attn has none). Adopted only if faster with the same gradient; this section only measures."""
     from torch.nn.attention.varlen import varlen_attn
 
-    def packed_forward(self, x, mask, real, B, T):
+    def packed_forward(self, x, mask, nonpad, B, T):
         H = x.shape[-1]
         lengths = mask.view(B, T).sum(1) if mask is not None else torch.full((B,), T, device=x.device)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()

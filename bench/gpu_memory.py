@@ -84,15 +84,15 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
     groups = train.length_groups  # a GPU's chunks: one per --chunk-tokens budget, whatever the spread of lengths
     train.length_groups = lambda lengths, budget, spread: groups(lengths, budget, spread=0.0)
     try:
-        spans = train.Spans(batch, cfg, encoder, world=1)
+        spans = train.Spans(batch, cfg, encoder)
     finally:
         train.length_groups = groups
     heads = encoder.config.num_attention_heads
     per_chunk = []
     for k in range(len(spans.groups)):
-        ids, mask, real, mlm_at, targets = spans.chunk(k)
+        ids, mask, nonpad, mlm_at, targets = spans.chunk(k)
         with SavedBytes(ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
-            train.chunk_forward(encoder, ids, mask, real, mlm_at, targets, spans.mlm_scale)
+            train.chunk_forward(encoder, ids, mask, nonpad, mlm_at, targets, train.mlm_scale(spans.n_masked, 1, "cpu"))
         per_chunk.append((sum(saved.storages.values()), saved.largest))
     if grad_cache:
         return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)

@@ -18,6 +18,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import common as C  # noqa: E402
+import embed as E  # noqa: E402
 import hub as H  # noqa: E402
 import model as M  # noqa: E402
 
@@ -30,7 +32,8 @@ def sts_sentences(shared: Path, n: int):
 def batches_from_text(tok, texts, bs):
     pad = H.special_ids(tok)["pad"]
     texts = sorted(texts, key=len)  # what any sensible caller does; same batches for both models
-    return [H.batch_encode(tok, texts[i:i + bs], 256, pad) for i in range(0, len(texts), bs)]
+    pieces = E.tokenize(texts, tok, 256).pieces  # truncated at 256 tokens, the end token kept
+    return [tuple(map(torch.from_numpy, C.pad_rows(pieces[i:i + bs], pad))) for i in range(0, len(pieces), bs)]
 
 
 def timed(fn, batches):
@@ -82,7 +85,7 @@ def main():
                                        intermediate_size=3072, max_position_embeddings=514)
         transformers.RobertaModel(c).save_pretrained(d)
         H.train_tokenizer(["a b c"], 300).save(str(Path(d) / "tokenizer.json"))
-        ours, _ = M.load_pretrained(d, verbose=False)
+        ours, _ = M.load_pretrained(d, quiet=True)
         theirs = transformers.RobertaModel.from_pretrained(d).eval()
     g = torch.Generator().manual_seed(0)
     batches = []

@@ -20,6 +20,10 @@ import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 
 
+def mask_of(ids, lengths):
+    return (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()  # (B, T) 0/1
+
+
 def prep_vs_encode_batch(name, tok, books):
     texts = [b.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n") for b in books]
     t = time.perf_counter()
@@ -27,7 +31,7 @@ def prep_vs_encode_batch(name, tok, books):
     base = n / (time.perf_counter() - t)
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        c = S.prepare_corpus(books, tok, d, quiet=True)
+        c = S.prepare_corpus(books, tok, d)
         ours = c.meta["tokens"] / (time.perf_counter() - t)
     print(f"| {name} | {len(books)} books, {c.meta['tokens']:,} tokens | {ours:,.0f} | {base:,.0f} | "
           f"{ours / base:.2f} |")
@@ -42,11 +46,12 @@ def train_step_seconds(shape, tok, batch):
     model.init_weights(torch.Generator().manual_seed(0))
     model.train()
     t = time.perf_counter()
-    h = model(batch["mlm_inputs"], batch["anchor_mask"])
+    anchor_mask, positive_mask = (mask_of(batch[k], batch[f"{k[:-1]}_lengths"]) for k in ("anchors", "positives"))
+    h = model(batch["mlm_inputs"], anchor_mask)
     pick = batch["mlm_labels"] != -100
     mlm = torch.nn.functional.cross_entropy(model.mlm_logits(h[pick]), batch["mlm_labels"][pick])
-    a = M.mean_pool(h, batch["anchor_mask"])
-    p = model.embed(batch["positives"], batch["positive_mask"])
+    a = M.mean_pool(h, anchor_mask)
+    p = M.mean_pool(model(batch["positives"], positive_mask), positive_mask)
     (mlm + a.pow(2).mean() + p.pow(2).mean()).backward()
     return time.perf_counter() - t
 
@@ -68,9 +73,9 @@ def main():
     prep_vs_encode_batch("byte-level BPE, 32k", bpe, books)
 
     with tempfile.TemporaryDirectory() as d:
-        corpus = S.prepare_corpus(books, bpe, d, quiet=True)
+        corpus = S.prepare_corpus(books, bpe, d)
         cfg = S.SamplerConfig(docs_per_step=16)  # N=16, A=P=2, l_min=32, l_max=512: the paper's batch
-        sb = S.SpanBatches(corpus, bpe, cfg, max_tokens=512, quiet=True)
+        sb = S.SpanBatches(corpus, bpe, cfg, max_tokens=512)
         steps = min(a.batches, sb.steps_per_epoch * 3)
         t = time.perf_counter()
         for s in range(steps):
@@ -80,7 +85,7 @@ def main():
         n = sum(1 for _ in S.make_loader(sb, 0, steps, workers=2))
         loader = n / (time.perf_counter() - t)
         batch = sb[0]
-        tokens = int(batch["anchor_mask"].sum() + batch["positive_mask"].sum())
+        tokens = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())
         print(f"\nbatches of N=16 documents (A=P=2, {tokens:,} tokens in batch 0): {one:,.1f}/s in one process, "
               f"{loader:,.1f}/s from a DataLoader with 2 workers (including its start-up)\n")
         print("| train step on this CPU (forward + backward, fp32) | seconds/step | sampler batches per step |")

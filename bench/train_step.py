@@ -29,11 +29,13 @@ import train as T  # noqa: E402
 
 
 def original_step(hf, batch, tau=0.05, P=2):
-    out = hf(input_ids=batch["mlm_inputs"], attention_mask=batch["anchor_mask"], labels=batch["mlm_labels"],
+    anchor_mask, positive_mask = ((torch.arange(batch[k].shape[1])[None] < batch[f"{k[:-1]}_lengths"][:, None]).long()
+                                  for k in ("anchors", "positives"))  # (B, T) 0/1 each
+    out = hf(input_ids=batch["mlm_inputs"], attention_mask=anchor_mask, labels=batch["mlm_labels"],
              output_hidden_states=True)
-    a = M.mean_pool(out.hidden_states[-1], batch["anchor_mask"])
-    p = M.mean_pool(hf.roberta(input_ids=batch["positives"], attention_mask=batch["positive_mask"]).last_hidden_state,
-                    batch["positive_mask"])
+    a = M.mean_pool(out.hidden_states[-1], anchor_mask)
+    p = M.mean_pool(hf.roberta(input_ids=batch["positives"], attention_mask=positive_mask).last_hidden_state,
+                    positive_mask)
     (L.nt_xent(a, p.view(len(a), P, -1), tau) + out.loss).backward()
 
 
@@ -47,8 +49,8 @@ def main():
     books = sorted((Path(a.shared) / "data/corpus/gutenberg").glob("*.txt"))[:8]
     tok = H.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:2]), 8000)
     with tempfile.TemporaryDirectory() as d:
-        corpus = S.prepare_corpus(books, tok, d, quiet=True)
-        sb = S.SpanBatches(corpus, tok, S.SamplerConfig(docs_per_step=a.docs), max_tokens=512, quiet=True)
+        corpus = S.prepare_corpus(books, tok, d)
+        sb = S.SpanBatches(corpus, tok, S.SamplerConfig(docs_per_step=a.docs), max_tokens=512)
         batches = [sb[i] for i in range(a.repeats)]
         torch.manual_seed(0)
         c = transformers.RobertaConfig(vocab_size=50265, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
@@ -56,7 +58,7 @@ def main():
         hf = transformers.RobertaForMaskedLM(c)
         hf.save_pretrained(d + "/m")
         tok.save(d + "/m/tokenizer.json")
-        ours, _ = M.load_pretrained(d + "/m", verbose=False)
+        ours, _ = M.load_pretrained(d + "/m", quiet=True)
     hf.train()
     ours.train()
     cfg = T.TrainConfig()
@@ -65,13 +67,14 @@ def main():
     print("| batch | real tokens | padded tokens (original) | train.py s | original s | ratio |")
     print("|---|---|---|---|---|---|")
     ta, tb, real_all = [], [], 0
-    T.train_step(T.Chunks(ours), batches[0], cfg)  # warm-up: first-call allocations
+    T.train_step(T.ChunkedEncoder(ours), batches[0], cfg)  # warm-up: first-call allocations
     original_step(hf, batches[0])
     for i, b in enumerate(batches):
         real = int(b["anchor_lengths"].sum() + b["positive_lengths"].sum())
         padded = b["anchors"].numel() + b["positives"].numel()
         times = []
-        for fn in (functools.partial(T.train_step, T.Chunks(ours), b, cfg), functools.partial(original_step, hf, b)):
+        ours_step = functools.partial(T.train_step, T.ChunkedEncoder(ours), b, cfg)
+        for fn in (ours_step, functools.partial(original_step, hf, b)):
             ours.zero_grad()
             hf.zero_grad()
             t = time.perf_counter()

@@ -140,12 +140,18 @@ def synthetic_batch(n_docs, A=2, P=2, vocab=300, seed=0, pad=1, cls=0, sep=2, ma
     m_in, m_lab = S.mask_tokens(a, ~np.isin(a, [pad, cls, sep]), rng, mask, np.arange(5, vocab))
     t = torch.from_numpy
 
-    def rows(ids, k):
-        return t((np.arange(ids.shape[1])[None] < k[:, None]).astype(np.int64))
+    return dict(anchors=t(a), anchor_lengths=t(al), positives=t(p), positive_lengths=t(pl), mlm_inputs=t(m_in),
+                mlm_labels=t(m_lab), anchor_doc=t(np.repeat(np.arange(n_docs), A)))
 
-    return dict(anchors=t(a), anchor_mask=rows(a, al), anchor_lengths=t(al), positives=t(p), positive_mask=rows(p, pl),
-                positive_lengths=t(pl), mlm_inputs=t(m_in), mlm_labels=t(m_lab),
-                anchor_doc=t(np.repeat(np.arange(n_docs), A)), positive_doc=t(np.repeat(np.arange(n_docs), A * P)))
+
+def masks(batch):
+    """(anchor mask, positive mask), 0/1 over each padded row, from the lengths a batch carries."""
+    import torch
+
+    def rows(ids, lengths):
+        return (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+
+    return rows(batch["anchors"], batch["anchor_lengths"]), rows(batch["positives"], batch["positive_lengths"])
 
 
 def tiny_encoder(vocab=300, seed=0, dropout=0.0):

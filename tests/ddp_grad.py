@@ -22,7 +22,7 @@ out = {}
 for name, kw in DDP_CONFIGS.items():
     model = tiny_encoder()
     cfg = T.TrainConfig(chunk_tokens=120, **kw)
-    net = DDP(T.Chunks(model), find_unused_parameters=not cfg.mlm)  # as train.setup() builds it
+    net = DDP(T.ChunkedEncoder(model), find_unused_parameters=not cfg.mlm)  # as train.setup() builds it
     for step in range(2):
         model.zero_grad(set_to_none=True)
         T.train_step(net, batch, cfg, world)

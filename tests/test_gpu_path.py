@@ -4,6 +4,7 @@ rule for embed.py and evaluate_sts.py, and the step's host-side plan against the
 import copy as copy_module
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -102,14 +103,14 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     gpu_check = load_gpu_check()
     # train.py's: processes() as under torchrun (here with a store of its own), then the process group and DDP
     def train_set_up():
-        procs = dataclasses.replace(common.processes(), store=dist.HashStore())
-        common.init_process_group(procs, 60)
-        return procs
+        proc = dataclasses.replace(common.processes(), store=dist.HashStore())
+        common.init_process_group(proc, 60)
+        return proc
 
     for set_up in (train_set_up, lambda: gpu_check.one_rank_process_group(gpu_check.device(dry=False))):
         try:
-            procs = set_up()
-            T.data_parallel(T.Chunks(tiny_encoder()), procs.device, T.TrainConfig())
+            proc = set_up()
+            T.data_parallel(T.ChunkedEncoder(tiny_encoder()), proc.device, T.TrainConfig())
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -141,10 +142,16 @@ def test_embed_names_the_gpu_by_its_index_or_says_there_is_none(tmp_path, monkey
                                                              "(torch.cuda.is_available() is False)\n")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert embed.device_and_dtype("cuda", "auto") == (torch.device("cuda", 3), torch.bfloat16)
     assert embed.device_and_dtype("auto", "fp32") == (torch.device("cuda", 3), None)
     assert embed.device_and_dtype("cuda:1", "auto")[0] == torch.device("cuda", 1)
+    for name, why in (("cuda:4", "this machine has 4 GPU(s)"), ("tpu", "not a device this project runs on"),
+                      ("bogus", "not a device this project runs on")):
+        with pytest.raises(common.UserError, match=re.escape(f"--device {name}: {why}")) as e:
+            embed.device_and_dtype(name, "auto")
+        assert e.value.code == 2
 
 
 def test_fp16_step_and_its_loss_scaler_on_a_cpu():
@@ -155,7 +162,7 @@ def test_fp16_step_and_its_loss_scaler_on_a_cpu():
     model = tiny_encoder()
     opt = T.make_optimizer(model, cfg, fused=False)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
-    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    T.train_step(T.ChunkedEncoder(model), batch, cfg, scaler=scaler)
     scaler.unscale_(opt)
     half = {n: p.grad.clone() for n, p in model.named_parameters()}
     for name in ("layers.0.attn.qkv.weight", "layers.1.ffn.up.weight", "embeddings.word.weight", "mlm.dense.weight"):
@@ -165,12 +172,12 @@ def test_fp16_step_and_its_loss_scaler_on_a_cpu():
     scaler.update()  # ends the step above without taking it (as if an overflow check came next)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     scale = scaler.get_scale()
-    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    T.train_step(T.ChunkedEncoder(model), batch, cfg, scaler=scaler)
     model.layers[0].ffn.up.weight.grad[0, 0] = float("inf")  # a gradient that overflowed in fp16
     T.optimizer_step(opt, scaler, model, cfg.max_grad_norm)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the step was skipped
     assert scaler.get_scale() == scale / 2
-    T.train_step(T.Chunks(model), batch, cfg, scaler=scaler)
+    T.train_step(T.ChunkedEncoder(model), batch, cfg, scaler=scaler)
     T.optimizer_step(opt, scaler, model, cfg.max_grad_norm)
     assert not torch.equal(model.layers[0].ffn.up.weight, before["layers.0.ffn.up.weight"])  # this one trained
     assert scaler.get_scale() == scale / 2
@@ -198,7 +205,7 @@ def test_compile_matches_eager_with_the_mlm_head_in_the_graph():
     dynamo.utils.counters.clear()
     # spans of 30-36 tokens: one chunk per step, padded and holding anchors, so one graph serves both batches
     batches = [synthetic_batch(n, seed=s, anchor_len=(30, 37), positive_len=(30, 37)) for n, s in ((4, 7), (3, 8))]
-    compiled = T.Chunks(tiny_encoder(), compile=True)
+    compiled = T.ChunkedEncoder(tiny_encoder(), compile=True)
     for batch in batches:
         eager = step_grads(tiny_encoder(), batch)
         compiled.encoder.zero_grad()
@@ -233,16 +240,17 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
     for old_inputs in (False, True):
         dynamo.reset()
         dynamo.utils.counters.clear()
-        compiled = T.Chunks(tiny_encoder(), compile=True)
+        compiled = T.ChunkedEncoder(tiny_encoder(), compile=True)
         for seed in range(3):  # padded anchors; positives all of one length, so unpadded and without an anchor
             batch = synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 4))
-            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, world=1)
+            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder)
+            scale = T.mlm_scale(spans.n_masked, 1, spans.device)
             for k in range(len(spans.groups)):
-                ids, mask, real, mlm_at, targets = spans.chunk(k)
+                ids, mask, nonpad, mlm_at, targets = spans.chunk(k)
                 if old_inputs:
-                    real = None if mask.all() else real
+                    nonpad = None if mask.all() else nonpad
                     mlm_at, targets = (mlm_at, targets) if (targets != -100).any() else (None, None)
-                compiled.chunk_forward(compiled.encoder, ids, mask, real, mlm_at, targets, spans.mlm_scale)
+                compiled.chunk_forward(compiled.encoder, ids, mask, nonpad, mlm_at, targets, scale)
         assert (T.compiled_graphs()[0] > 1) == old_inputs
 
 
@@ -301,22 +309,27 @@ def test_evaluate_scores_the_embeddings_embed_writes(tmp_path):
 
 
 def test_the_host_side_plan_matches_the_device_side_way():
-    """Each chunk's real-token positions and MLM targets, worked out on the host from the lengths, equal what
+    """Each chunk's non-pad positions and MLM targets, worked out on the host from the lengths, equal what
     nonzero() over the mask and the labels would find on the device; on a GPU the chunks follow the budget alone."""
     batch, cfg = synthetic_batch(6, seed=11), T.TrainConfig(chunk_tokens=200)
-    spans = T.Spans(batch, cfg, tiny_encoder(), world=1)
+    spans = T.Spans(batch, cfg, tiny_encoder())
     assert sum(len(g) for g in spans.groups) == len(spans.lengths) > len(spans.groups) > 1
+    width = max(batch["anchors"].shape[1], batch["positives"].shape[1])
+    rows = torch.cat([torch.nn.functional.pad(batch[k], (0, width - batch[k].shape[1]), value=1)
+                      for k in ("mlm_inputs", "positives")])  # every span padded to the longest (pad id 1)
     labels = torch.cat([batch["mlm_labels"], torch.full((len(batch["positives"]), batch["mlm_labels"].shape[1]), -100)])
     for k, group in enumerate(spans.groups):
-        ids, mask, real, mlm_at, mlm_targets = spans.chunk(k)
+        ids, mask, nonpad, mlm_at, mlm_targets = spans.chunk(k)
         T_k = ids.shape[1]
-        assert torch.equal(real, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
+        assert torch.equal(nonpad, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
+        assert torch.equal(ids, rows[group, :T_k])  # its spans, anchors MLM-corrupted
         chunk_labels = torch.nn.functional.pad(labels, (0, max(0, T_k - labels.shape[1])), value=-100)[group, :T_k]
         picked = (chunk_labels != -100).flatten().nonzero().squeeze(1)
         kept = mlm_targets != -100  # at least two targets a chunk, the added ones ignored (one graph under --compile)
         assert len(mlm_at) == max(2, len(picked)) and int(kept.sum()) == len(picked)
         assert torch.equal(mlm_at[kept], picked) and torch.equal(mlm_targets[kept], chunk_labels.flatten()[picked])
-    assert int(spans.part("n_masked")[0]) == int((batch["mlm_labels"] != -100).sum())
+    assert spans.n_masked == int((batch["mlm_labels"] != -100).sum())
+    assert float(T.mlm_scale(spans.n_masked, 1, spans.device)) == pytest.approx(1 / spans.n_masked)
     # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
     gpu = T.length_groups(spans.lengths, 200, spread=0.0)
     assert len(gpu) < len(spans.groups)

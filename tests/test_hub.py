@@ -133,17 +133,17 @@ def local_weights(files: dict, tmp_path, name: str) -> dict:
     d.mkdir()
     for f, data in files.items():
         (d / f).write_bytes(data)
-    return weights(M.load_pretrained(str(d), verbose=False)[0])
+    return weights(M.load_pretrained(str(d), quiet=True)[0])
 
 
 def test_public_repo_downloads_then_loads_offline(hub, tmp_path, monkeypatch):
-    ours, _ = M.load_pretrained("org/tiny", verbose=False)
+    ours, _ = M.load_pretrained("org/tiny", quiet=True)
     assert same(weights(ours), local_weights(hub["new"], tmp_path, "new"))
     snapshot = tmp_path / "home" / "hub" / "models--org--tiny" / "snapshots" / NEW  # huggingface_hub's own layout
     assert ours.source == snapshot and (snapshot / "model.safetensors").read_bytes() == hub["new"]["model.safetensors"]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     Hub.repos = {}  # nothing served any more: the cache alone must do
-    assert same(weights(M.load_pretrained("org/tiny", verbose=False)[0]), weights(ours))
+    assert same(weights(M.load_pretrained("org/tiny", quiet=True)[0]), weights(ours))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
     with pytest.raises(UserError, match=r"^org/tiny: not in the cache .* HF_HUB_OFFLINE is set; download it once"):
         M.load_pretrained("org/tiny")
@@ -156,7 +156,7 @@ def test_private_repo_loads_only_with_the_token(hub, tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"^org/gated: a gated repo; accept its terms on the hub, then set HF_TOKEN"):
         M.load_pretrained("org/gated")
     monkeypatch.setenv("HF_TOKEN", Hub.token)
-    ours, _ = M.load_pretrained("org/private", verbose=False)
+    ours, _ = M.load_pretrained("org/private", quiet=True)
     assert same(weights(ours), local_weights(hub["new"], tmp_path, "new"))
     assert any(name == "model.safetensors" for _, name, _ in Hub.seen)
 
@@ -166,7 +166,7 @@ def test_a_download_cut_half_way_resumes(hub, tmp_path, monkeypatch):
     request), not from the start. huggingface_hub writes 10 MB at a time; 4 KB here, for a file of 120 KB."""
     monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 4096)
     Hub.cut = {"model.safetensors"}
-    ours, _ = M.load_pretrained("org/tiny", verbose=False)
+    ours, _ = M.load_pretrained("org/tiny", quiet=True)
     size = len(hub["new"]["model.safetensors"])
     ranges = [r for method, name, r in Hub.seen if method == "GET" and name == "model.safetensors"]
     assert len(ranges) == 2 and ranges[0] is None  # the whole file asked once, then only what was missing
@@ -177,8 +177,8 @@ def test_a_download_cut_half_way_resumes(hub, tmp_path, monkeypatch):
 def test_a_revision_pins_what_loads(hub, tmp_path, capsys, docs):
     import train
 
-    old, _ = M.load_pretrained(f"org/tiny@{OLD}", verbose=False)
-    new, _ = M.load_pretrained("org/tiny", verbose=False)
+    old, _ = M.load_pretrained(f"org/tiny@{OLD}", quiet=True)
+    new, _ = M.load_pretrained("org/tiny", quiet=True)
     assert same(weights(old), local_weights(hub["old"], tmp_path, "old"))
     assert same(weights(new), local_weights(hub["new"], tmp_path, "new")) and not same(weights(old), weights(new))
     with pytest.raises(UserError, match=r"^org/tiny: no revision 'v9' \(a branch, tag or commit of the repo\)$"):

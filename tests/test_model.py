@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import embed as E
 import hub as H
 import model as M
 from common import UserError
@@ -158,9 +159,7 @@ def test_roberta_family_loads_in_sentence_transformers_and_trains(kind, tmp_path
     M.save_pretrained(ours, tok, tmp_path / "saved")
     sent = ["hello world", "a small text for a small tokenizer"]
     ref = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(sent, convert_to_tensor=True)
-    ids, mask = H.batch_encode(tok, sent, 38, H.special_ids(tok)["pad"])
-    with torch.no_grad():
-        torch.testing.assert_close(ours.embed(ids, mask), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(E.encode(sent, ours, tok)), ref, rtol=0, atol=1e-5)
     train.main(["--model", str(tmp_path / "src"), "--data", str(docs), "--out", str(tmp_path / "run"), "--steps", "2",
                 "--docs-per-step", "4", "--min-span", "4", "--max-span", "16", "--workers", "0",
                 "--cache-dir", str(tmp_path / "cache")])
@@ -219,14 +218,7 @@ def test_minilm_matches_sentence_transformers():
     assert len(sents) > 2500
     ref = st.SentenceTransformer(str(path), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
     ours, tok = M.load_pretrained(str(path))
-    sp = H.special_ids(tok)
-    order = sorted(range(len(sents)), key=lambda i: len(sents[i]))
-    emb = np.zeros_like(ref)
-    with torch.inference_mode():
-        for b in range(0, len(sents), 64):
-            idx = order[b:b + 64]
-            ids, mask = H.batch_encode(tok, [sents[i] for i in idx], 256, sp["pad"])
-            emb[idx] = ours.embed(ids, mask).numpy()
+    emb = E.encode(sents, ours, tok)  # none of them is over the 256 tokens sentence-transformers keeps
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
     assert cos.min() >= 0.99999, cos.min()
 
@@ -250,11 +242,11 @@ def test_tokenizer_files_agree_and_do_not_pad(tmp_path):
     assert [e.ids for e in bpe.encode_batch(texts)] == [e.ids for e in gpt2.encode_batch(texts)]
 
 
-def test_batch_encode_truncates_keeping_the_end_token():
+def test_truncation_keeps_the_end_token():
     tok = H.load_tokenizer(minilm())
-    ids, mask = H.batch_encode(tok, ["word " * 50, "short"], 16, 0)
-    assert ids.shape == (2, 16) and ids[0, -1] == 102 and ids[0, 0] == 101
-    assert mask[1].sum() == 3 and ids[1, 2] == 102 and (ids[1, 3:] == 0).all()
+    long, short = E.tokenize(["word " * 50, "short"], tok, 16).pieces
+    assert len(long) == 16 and long[-1] == 102 and long[0] == 101
+    assert len(short) == 3 and short[2] == 102
 
 
 def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(tmp_path):
@@ -270,9 +262,7 @@ def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(
     assert hf_tok.mask_token_id == sp["mask"] and hf_tok.pad_token_id == 1
     st = oracle("sentence_transformers")
     ref = st.SentenceTransformer(str(tmp_path), device="cpu").encode(sent, convert_to_tensor=True)
-    ids, mask = H.batch_encode(tok, sent, 512, sp["pad"])
-    with torch.no_grad():
-        torch.testing.assert_close(model.eval().embed(ids, mask), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(E.encode(sent, model.eval(), tok)), ref, rtol=0, atol=1e-5)
 
 
 def test_scratch_cli(tmp_path):

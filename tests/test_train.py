@@ -18,7 +18,7 @@ import common as C
 import loss as L
 import model as M
 import train as T
-from conftest import DDP_BATCH, DDP_CONFIGS, ROOT, SHARED, half_batch, need, synthetic_batch, tiny_encoder
+from conftest import DDP_BATCH, DDP_CONFIGS, ROOT, SHARED, half_batch, masks, need, synthetic_batch, tiny_encoder
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -31,18 +31,19 @@ def pooled(h, mask):
 def naive_grads(model, batch, tau=0.05, A=2, P=2):
     """The original's step: every field padded to its batch maximum, MLM logits for every anchor token."""
     model.zero_grad()
-    h = model(batch["mlm_inputs"], batch["anchor_mask"])
+    anchor_mask, positive_mask = masks(batch)
+    h = model(batch["mlm_inputs"], anchor_mask)
     logits = model.mlm_logits(h)  # (B, T, V)
     mlm = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=-100)
-    a = pooled(h, batch["anchor_mask"])
-    p = pooled(model(batch["positives"], batch["positive_mask"]), batch["positive_mask"])
+    a = pooled(h, anchor_mask)
+    p = pooled(model(batch["positives"], positive_mask), positive_mask)
     (L.nt_xent(a, p.view(len(a), P, -1), tau) + mlm).backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def step_grads(model, batch, **kw):
     model.zero_grad()
-    T.train_step(T.Chunks(model), batch, T.TrainConfig(**kw))
+    T.train_step(T.ChunkedEncoder(model), batch, T.TrainConfig(**kw))
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -100,7 +101,7 @@ def test_ablations_drop_their_term():
     assert g["mlm.dense.weight"].abs().max() == 0  # the MLM head gets no gradient without MLM
     g = step_grads(tiny_encoder(), batch, contrastive=False, chunk_tokens=100)
     model = tiny_encoder()  # MLM alone, written out: the masked anchors' cross-entropy, nothing else
-    h = model(batch["mlm_inputs"], batch["anchor_mask"])
+    h = model(batch["mlm_inputs"], masks(batch)[0])
     F.cross_entropy(model.mlm_logits(h).flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=-100).backward()
     assert_same(g, {n: p.grad for n, p in model.named_parameters()})
 
@@ -220,11 +221,11 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
     model, tok = M.load_pretrained(str(tmp_path / "r" / "checkpoints" / "step-00000002"))
     opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
 
-    def dying_save(obj, path):
-        open(path, "wb").write(b"half a file")
+    def dying_save(obj, f):
+        f.write(b"half a file")
         raise KeyboardInterrupt  # the process dies mid-write
 
-    monkeypatch.setattr(C, "torch_save", dying_save)
+    monkeypatch.setattr(C.torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         T.save_checkpoint(T.Run(T.TrainConfig(), tmp_path / "r", model, None, tok, opt, scaler, None, 4, step=4))
@@ -342,11 +343,12 @@ def test_bad_input(tmp_path, docs, capsys):
 
 @pytest.mark.parametrize("bad_step", [0, 3])
 def test_nan_names_the_last_good_checkpoint(tmp_path, docs, capsys, monkeypatch, bad_step):
-    real = T.train_step
+    real, steps = T.train_step, []
 
     def step(model, batch, cfg, world=1, scaler=None):
         s = real(model, batch, cfg, world, scaler)
-        return {**s, "mlm": float("inf")} if batch["step"] == bad_step else s
+        steps.append(len(steps))  # a run from step 0: the calls count the steps
+        return {**s, "mlm": float("inf")} if steps[-1] == bad_step else s
 
     monkeypatch.setattr(T, "train_step", step)
     msg = one_line_error(capsys, run_args(docs, tmp_path / "o", "--steps", "6", "--ckpt-every", "2"))
@@ -420,7 +422,7 @@ def test_ctrl_c_is_one_line_with_the_checkpoint(tmp_path, docs, reap):
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.count("error: ") == 1
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: interrupted at step ") and "step-00000004" in last and "--resume" in last
+    assert last.startswith("error: interrupted after step ") and "step-00000004" in last and "--resume" in last
 
 
 @pytest.mark.slow
@@ -449,7 +451,7 @@ def test_sigterm_checkpoints_its_step_and_resume_gives_the_uninterrupted_run(tmp
     [ckpt] = C.checkpoints(tmp_path / "b")
     step = int(ckpt.name.removeprefix("step-"))
     assert 4 <= step < 12 and [s for s, *_ in trace(tmp_path / "b")] == list(range(1, step + 1))
-    assert err.strip().splitlines()[-1] == (f"error: terminated (SIGTERM) after step {step}; checkpoint: {ckpt} "
+    assert err.strip().splitlines()[-1] == (f"error: terminated (SIGTERM) after step {step}; last checkpoint: {ckpt} "
                                             f"(continue with: python train.py --out {tmp_path / 'b'} --resume)")
     T.main(["--out", str(tmp_path / "b"), "--resume"])
     assert trace(tmp_path / "b") == trace(tmp_path / "a")
