@@ -13,6 +13,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import fcntl
 import functools
 import gzip
 import inspect
@@ -81,8 +82,10 @@ def choice(default: str, *choices: str):
 
 
 def first_line(e: BaseException) -> str:
-    """Another library's error message, as much of it as fits in our one line: its first sentence."""
-    return (str(e).strip() or type(e).__name__).splitlines()[0].split(". ")[0][:200]
+    """Another library's error message, as much of it as fits in our one line: its first sentence, without the
+    [source file:line] that gloo's begin with."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip()) or type(e).__name__
+    return text.splitlines()[0].split(". ")[0][:200]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -229,11 +232,12 @@ def write_atomic(path: Path, write, keep_existing: bool = False):
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
     except UserError as e:  # from a write_atomic inside this one: name the file where it would have been
         raise UserError(str(e).replace(str(tmp), str(path)), e.code) from None
-    finally:
+    finally:  # a clean-up that fails (a read-only folder) must not hide the error it cleans up after
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
 
 _HOST = socket.gethostname().split(".")[0] or "host"
@@ -435,6 +439,7 @@ class Precision:  # --dtype, one meaning in training, embedding and evaluation
 @dataclass
 class OnDevice(Precision):  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
     device: str = "auto"  # auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...
+    threads: int = bounded(0, 0)  # torch CPU threads; 0: the cores less one (as train.py's)
 
 
 def autocast_dtype(name: str, device: torch.device):
@@ -562,8 +567,10 @@ def _wait(store, key: str, who: str = "") -> str:
 
 
 def prepare_run_folder(out: Path, resume_step: int | None):
-    """Clear an earlier run (--overwrite), or cut metrics.jsonl back to the checkpoint a resumed run continues."""
+    """Lock the run folder for this run, then clear an earlier run (--overwrite) or cut metrics.jsonl back to the
+    checkpoint a resumed run continues."""
     make_dirs(out)
+    lock_run_folder(out)  # before anything in it changes: a run still training there keeps all it has
     if resume_step is None:
         for p in (out / "checkpoints", out / "model", out / "best"):
             shutil.rmtree(p, ignore_errors=True)
@@ -573,6 +580,47 @@ def prepare_run_folder(out: Path, resume_step: int | None):
                        if _step_of(line) <= resume_step)
         write_atomic(out / "metrics.jsonl", lambda tmp: tmp.write_text(kept))
     remove_stale_temporaries(out / "checkpoints")
+
+
+LOCK = ".declutr.lock"  # in --out: who holds the run folder (pid, machine, since when, the command)
+_held = {}  # the run folders this process holds: resolved path -> its open lock file
+
+
+def lock_run_folder(out: Path, probe: bool = False):
+    """An exclusive lock on a run folder until the process ends (or release_run_folders): a second run into the same
+    --out, or --resume of a run still training there, is refused with one line naming the holder. The lock is the
+    operating system's (flock), held by an open file, not the file's existence: a process that is killed (SIGKILL,
+    a power loss) holds nothing any more, and the next run takes the folder. probe: refuse if it is held, write
+    nothing."""
+    path, key = out / LOCK, str(out.resolve())
+    if key in _held or (probe and not path.exists()):
+        return
+    try:
+        f = open(path, "r" if probe else "a+", encoding="utf-8")
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "a process that has not said which"
+        f.close()
+        raise UserError(f"--out {out}: another run is using it ({holder}); wait for it to end, or choose another "
+                        f"--out") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot lock the run folder ({e.strerror or e})") from None
+    if probe:
+        f.close()  # and with it the lock
+        return
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{' '.join(sys.argv)}\n")
+    f.flush()
+    _held[key] = f
+
+
+def release_run_folders():
+    """Give up every run folder this process holds (a run's end; the process's end does the same)."""
+    for f in _held.values():
+        f.close()
+    _held.clear()
 
 
 def _step_of(line: str) -> float:
@@ -588,6 +636,17 @@ def default_threads() -> int:
     10 s with 2 threads, 12 s with 1 when alone; 318 s with 2 threads, 12-13 s with 1 beside one busy process)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int):
+    """torch's CPU threads while a script runs: n, or default_threads(); as they were afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or default_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def checkpoints(out: Path) -> list[Path]:

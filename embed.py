@@ -34,6 +34,7 @@ from common import (
     bounded,
     choice,
     cli,
+    cpu_threads,
     json_text,
     pad_rows,
     parse_config,
@@ -188,6 +189,8 @@ def _blocks(cfg, stdin_copy):
 def check_paths(cfg: EmbedConfig, out: Path):
     """Every input readable, and an output that overwrites nothing the user has (unless --overwrite)."""
     for p in cfg.inputs:
+        if p == "-" and sys.stdin is None:  # started with standard input closed (`<&-`)
+            raise UserError("-: standard input is closed; pipe the texts in, or name a file")
         if p != "-" and not Path(p).is_file():
             raise UserError(f"{p}: no such file")
         if p != "-" and Path(p).resolve() == out.resolve():
@@ -232,6 +235,12 @@ def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progr
 @cli
 def main(argv=None):
     cfg = parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
+    with cpu_threads(cfg.threads):
+        embed_files(cfg)
+
+
+def embed_files(cfg: EmbedConfig):
+    """`python embed.py`: every input's texts embedded, in order, into --output."""
     out = Path(cfg.output)
     if not cfg.model:
         raise UserError("no --model given: a hub id or a local Hugging Face directory")

@@ -33,6 +33,7 @@ from common import (
     cache_dir,
     choice,
     cli,
+    cpu_threads,
     make_dirs,
     offline,
     parse_config,
@@ -179,7 +180,7 @@ def read_stsb(path: Path):
         gold.append(_score(cols[4], f"{path}:{n}"))
         a.append(cols[5])
         b.append(cols[6])
-    return a, b, np.array(gold)
+    return _pairs(path, a, b, gold)
 
 
 def read_sick(path: Path, split: str):
@@ -199,8 +200,8 @@ def read_sick(path: Path, split: str):
         if iset is None or r[iset].strip() == keep:
             a.append(r[ia])
             b.append(r[ib])
-            gold.append(_score(r[ig], f"{path}:{n}"))
-    return a, b, np.array(gold)
+            gold.append(_score(r[ig], f"{path}:{n}", low=1))
+    return _pairs(path, a, b, gold)
 
 
 def read_semeval(inp: Path, gs: Path):
@@ -219,17 +220,27 @@ def read_semeval(inp: Path, gs: Path):
         a.append(cols[0])
         b.append(cols[1])
         gold.append(_score(g, f"{gs}:{n}"))
-    return a, b, np.array(gold)
+    return _pairs(gs, a, b, gold)
 
 
-def _score(text: str, where: str) -> float:
+def _score(text: str, where: str, low: float = 0, high: float = 5) -> float:
+    """A gold score on its task's scale: 0-5 (STS-B, STS12-16), 1-5 (SICK's relatedness)."""
     try:
         x = float(text)
     except ValueError:
         x = float("nan")
     if not np.isfinite(x):
         raise UserError(f"{where}: gold score {text.strip()!r} is not a number")
+    if not low <= x <= high:
+        raise UserError(f"{where}: gold score {x:g} is outside the task's scale of {low:g} to {high:g}")
     return x
+
+
+def _pairs(path: Path, a, b, gold):
+    """A task's (sentences a, sentences b, gold scores); a file with no scored pair is not a task to score."""
+    if not gold:
+        raise UserError(f"{path}: no sentence pairs with gold scores")
+    return a, b, np.array(gold)
 
 
 def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
@@ -303,6 +314,12 @@ def no_nan(v):
 @cli
 def main(argv=None):
     cfg = parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
+    with cpu_threads(cfg.threads):
+        evaluate(cfg)
+
+
+def evaluate(cfg: EvalConfig):
+    """`python evaluate_sts.py`: every model on every task found, side by side."""
     if not cfg.model:
         raise UserError("no --model given")
     if cfg.json and not Path(cfg.json).resolve().parent.is_dir():

@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import Progress, UserError, first_line, offline, read_json, write_atomic
+from common import Progress, UserError, first_line, make_dirs, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -226,6 +226,9 @@ def convert_bin(name: str, out: str | None) -> Path:
     if not src.is_dir():
         src = hub_download(*hub_id(name), files=HUB_FILES[:2] + (("pytorch_model.bin",),))
     dst = Path(out or src)
+    if not (src / "pytorch_model.bin").exists():
+        held = "model.safetensors already, which loads as it is" if (src / "model.safetensors").exists() else "none"
+        raise UserError(f"{src}: no pytorch_model.bin to convert (it holds {held})")
     if (dst / "model.safetensors").exists():
         raise UserError(f"{dst / 'model.safetensors'} exists already; remove it first or pass --out")
     try:
@@ -236,7 +239,7 @@ def convert_bin(name: str, out: str | None) -> Path:
     except Exception as e:  # damage: the zip reader and the unpickler raise many kinds
         raise UserError(f"{src / 'pytorch_model.bin'}: not a readable PyTorch file, cut short or damaged "
                         f"({first_line(e)})") from None
-    dst.mkdir(parents=True, exist_ok=True)
+    make_dirs(dst)
     for f in ("config.json",) + TOKENIZER_FILES:
         if dst != src and (src / f).exists():
             shutil.copyfile(src / f, dst / f)

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hub
-from common import OneLineParser, UserError, cli, document_texts, say, write_atomic, write_json
+from common import OneLineParser, UserError, cli, document_texts, make_dirs, say, write_atomic, write_json
 
 
 @dataclass
@@ -304,8 +304,7 @@ def load_pretrained(name: str, quiet: bool = False):
 
 def save_pretrained(model: Encoder, tok, out: str | Path):
     """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1)."""
-    out, c = Path(out), model.config
-    out.mkdir(parents=True, exist_ok=True)
+    out, c = make_dirs(Path(out)), model.config
     hub.write_safetensors(out / "model.safetensors", hf_state_dict(model))
     write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
     files = {"config.json": hub.hf_config(asdict(c)), "tokenizer_config.json": hub.tokenizer_files(tok, c.max_tokens),

@@ -388,15 +388,15 @@ def train(run: Run):
             g["lr"] = lr_at(run.step, run.total, cfg)
         # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
         torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
-        with out_of_memory_is_one_line(run):
+        with failures_are_one_line(run):
             # Forward and backward of this rank's documents
             stats = train_step(run.model, batch, cfg, run.world, run.scaler)
             # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
             gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
-        # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
-        stop = torch.full((), float(run.stop.asked), device=gnorm.device)
-        if run.world > 1:
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
+            stop = torch.full((), float(run.stop.asked), device=gnorm.device)
+            if run.world > 1:
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         # The step's numbers, read from the device at once: the one place a step waits for the GPU
         numbers = (stats["contrastive"], stats["mlm"], gnorm, stop)
         contrastive, mlm, gnorm, stop = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=gnorm.device)
@@ -438,9 +438,10 @@ def compiled_graphs() -> tuple[int, bool]:
 
 
 @contextlib.contextmanager
-def out_of_memory_is_one_line(run: Run):
-    """A step that does not fit on the GPU stops the run with the way out, the last checkpoint as it was. Said by the
-    rank it happened on, whichever that is; the others stop at their next collective."""
+def failures_are_one_line(run: Run):
+    """A step that does not fit on the GPU stops the run with the way out, the last checkpoint as it was; a rank that
+    is gone (killed, or out of memory) stops the others at their next collective. Each said by the rank that meets it,
+    whichever that is."""
     try:
         yield
     except torch.OutOfMemoryError:
@@ -450,6 +451,11 @@ def out_of_memory_is_one_line(run: Run):
         raise UserError(f"out of memory on {run.encoder.embeddings.word.weight.device} in step {run.step + 1} "
                         f"({cfg.docs_per_step // run.world} documents on this rank): pass {fix} (the same gradient, "
                         f"less memory), or give each GPU fewer documents (more GPUs, or a smaller --docs-per-step); "
+                        f"last checkpoint: {run.latest_checkpoint or 'none yet'}", alone=True) from None
+    except RuntimeError as e:  # NCCL's errors are DistErrors; gloo's plain RuntimeErrors that name gloo's source
+        if run.world == 1 or not (isinstance(e, dist.DistError) or "gloo" in str(e)):
+            raise
+        raise UserError(f"rank {run.rank}: another rank stopped during step {run.step + 1} ({common.first_line(e)}); "
                         f"last checkpoint: {run.latest_checkpoint or 'none yet'}", alone=True) from None
 
 
@@ -468,8 +474,12 @@ RECENT = 20  # steps over which tokens/s and the ETA are measured: the first min
 
 def log(run: Run, rec: dict, elapsed: float, seconds_per_step: float):
     """Every step into out/metrics.jsonl; every --log-every steps a line on stdout."""
-    with open(run.out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(rec) + "\n")
+    try:
+        with open(run.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError as e:  # a full disk, or an --out moved or deleted while the run trains
+        raise UserError(f"{run.out / 'metrics.jsonl'}: cannot write ({e.strerror or e}); was --out moved or deleted "
+                        f"while the run trained? last checkpoint: {run.latest_checkpoint or 'none yet'}") from None
     if run.step % run.cfg.log_every == 0 or run.step == run.total:
         sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
         print(f"step {run.step}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
@@ -504,14 +514,17 @@ def main(argv=None):
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
         raise stopped(run, isinstance(e, Terminated)) from None
     finally:
-        if handled:
-            signal.signal(signal.SIGTERM, previous)
+        if handled:  # torchrun's SIGTERM to the others when one rank fails must not end this one before its line
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         torch.set_num_threads(threads)
+        common.release_run_folders()
         if dist.is_initialized():
             if run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
                 run.model = None
                 gc.collect()
             dist.destroy_process_group()
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def stopped(run: Run | None, sigterm: bool) -> UserError:
@@ -520,9 +533,21 @@ def stopped(run: Run | None, sigterm: bool) -> UserError:
     what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
     if run is None:
         return UserError(f"{what} before training began", code)
-    hint = f" (continue with: python train.py --out {run.out} --resume)" if run.latest_checkpoint else ""
+    hint = f" (continue with: {resume_command(run)})" if run.latest_checkpoint else ""
     where = f"after step {run.step}; last checkpoint: {run.latest_checkpoint or 'none yet'}"
     return UserError(f"{what} {where}{hint}", code)
+
+
+def resume_command(run: Run) -> str:
+    """How to go on with a stopped run: as it was started (one process, or torchrun with as many), with --resume. The
+    rest of its flags are stored with it."""
+    flags = f"train.py --out {run.out} --resume"
+    if run.world == 1:
+        return f"python {flags}"
+    machines = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if machines == 1:
+        return f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', run.world)} {flags}"
+    return f"the torchrun command the run was started with, on each of its {machines} machines, for {flags}"
 
 
 # -----------------------------------------------------------------------------------------------
@@ -564,9 +589,10 @@ def setup(cfg: TrainConfig, given: set, proc: common.Process) -> Run:
     if resume_from and resume_from.step >= total and not restarted():
         raise UserError(f"{out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
+    # Rank 0 locks the run folder and clears or trims it; the others wait for that, or stop with its error
+    common.store_broadcast(proc.store, "run-folder-ready", lambda: common.prepare_run_folder(
+        out, resume_from.step if resume_from else None) or "", maker=rank == 0)
     common.init_process_group(proc, cfg.ddp_timeout)
-    if rank == 0:
-        common.prepare_run_folder(out, resume_from.step if resume_from else None)
     opt = make_optimizer(encoder, cfg, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=common.autocast_dtype(cfg.dtype, device) == torch.float16)
     model = ChunkedEncoder(encoder, compile=cfg.compile)
@@ -632,6 +658,7 @@ def start_point(cfg: TrainConfig) -> tuple[Path, Resume | None]:
     out = Path(cfg.out or DEFAULT_OUTS[0])
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a folder", code=2)
+    common.lock_run_folder(out, probe=True)  # a run still training there: refused now, before any work
     if cfg.resume or restarted():
         found = common.newest_checkpoint(out, lambda path: load_pretrained(str(path), quiet=True))
         if found:

@@ -6,10 +6,12 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import common as C
 import embed as E
 import evaluate_sts as V
 import model as M
@@ -373,9 +375,82 @@ def test_a_run_that_failed_before_its_first_checkpoint_can_start_again(tmp_path,
     monkeypatch.setattr(T, "train_step", lambda *a, **k: {**real(*a, **k), "mlm": float("nan")})
     code, line = fails(T.main, args, capsys)
     assert code == 1 and "loss is nan at step 1" in line
-    assert [p.name for p in (tmp_path / "r").iterdir()] == ["metrics.jsonl"] or not any((tmp_path / "r").iterdir())
+    assert {p.name for p in (tmp_path / "r").iterdir()} <= {"metrics.jsonl", C.LOCK}  # the lock, given up
     monkeypatch.undo()
     T.main(args)  # no --overwrite
     assert (tmp_path / "r" / "model" / "model.safetensors").exists()
     code, line = fails(T.main, args, capsys)  # now it holds a run
     assert code == 1 and "holds an earlier run; pass --resume to continue it or --overwrite" in line
+
+
+# --- what were tracebacks ------------------------------------------------------------------------------------------
+
+
+def test_a_device_this_torch_has_not_is_one_line(tmp_path, tiny, capsys, monkeypatch):
+    (tmp_path / "t.txt").write_text("a cat\n")
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text("g\tf\t2012\t0\t1.0\ta cat\ta dog\n")
+    code, line = fails(E.main, ["--model", str(tiny), str(tmp_path / "t.txt"), "--device", "tpu"], capsys)
+    assert code == 2 and line == "error: --device tpu: not a device this project runs on (auto, cpu, cuda, cuda:N)"
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU-only build of torch
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "sts"), "--split", "dev",
+                                "--device", "cuda:1"], capsys)
+    assert code == 2 and line == ("error: --device cuda:1: this torch sees no GPU (torch.cuda.is_available() is "
+                                  "False)")
+
+
+def test_a_clean_up_that_fails_does_not_hide_the_error_it_cleans_up_after(tmp_path, monkeypatch):
+    """A read-only filesystem: the write fails, and so does removing what it left; the first is the one said."""
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(C.UserError, match=r"scores\.json: cannot write \(Read-only file system\)$"):
+        C.write_atomic(tmp_path / "scores.json", read_only)
+
+
+def test_model_py_into_a_folder_that_cannot_be_made_is_one_line(tmp_path, tiny, capsys):
+    (tmp_path / "a-file").write_text("mine")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("the cat sat on the mat. " * 200)
+    import torch
+    from safetensors.torch import load_file
+
+    (tmp_path / "bin").mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        (tmp_path / "bin" / f).write_bytes((tiny / f).read_bytes())
+    torch.save(load_file(str(tiny / "model.safetensors")), tmp_path / "bin" / "pytorch_model.bin")
+    for argv in (["scratch", "--corpus", str(tmp_path / "docs"), "--out", str(tmp_path / "a-file" / "m")],
+                 ["convert", str(tmp_path / "bin"), "--out", str(tmp_path / "a-file" / "m")]):
+        code, line = fails(M.main, argv, capsys)
+        assert code == 1 and line.startswith(f"error: {tmp_path / 'a-file' / 'm'}: cannot write there"), line
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_convert_says_what_the_folder_already_holds(tmp_path, tiny, capsys):
+    code, line = fails(M.main, ["convert", str(tiny), "--out", str(tmp_path / "out")], capsys)
+    assert code == 1 and line == (f"error: {tiny}: no pytorch_model.bin to convert (it holds model.safetensors "
+                                  f"already, which loads as it is)")
+    (tmp_path / "empty").mkdir()
+    code, line = fails(M.main, ["convert", str(tmp_path / "empty")], capsys)
+    assert code == 1 and line == f"error: {tmp_path / 'empty'}: no pytorch_model.bin to convert (it holds none)"
+
+
+def test_embed_with_standard_input_closed_is_one_line(tmp_path, tiny):
+    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(tiny), "-", "--output",
+                        str(tmp_path / "e.npy")], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))  # as `<&-` does
+    assert r.returncode == 1 and r.stderr == "error: -: standard input is closed; pipe the texts in, or name a file\n"
+    assert not (tmp_path / "e.npy").exists()
+
+
+@pytest.mark.parametrize("content, expect", [
+    ("", "sts-dev.csv: no sentence pairs with gold scores"),
+    ("g\tf\t2012\t0\t7.5\ta cat\ta dog\n", "sts-dev.csv:1: gold score 7.5 is outside the task's scale of 0 to 5"),
+    ("g\tf\t2012\t0\t-1\ta cat\ta dog\n", "sts-dev.csv:1: gold score -1 is outside the task's scale of 0 to 5")])
+def test_evaluate_refuses_a_task_without_pairs_or_off_its_scale(tmp_path, tiny, capsys, content, expect):
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text(content)
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "sts"), "--split", "dev",
+                                "--json", str(tmp_path / "r.json")], capsys)
+    assert code == 1 and line.endswith(expect) and not (tmp_path / "r.json").exists(), line

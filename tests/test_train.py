@@ -1,6 +1,7 @@
 """train.py: the step's gradient against a naive padded step, across ranks and nodes, GradCache, resuming."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -206,9 +207,41 @@ def test_sigkill_then_resume_gives_the_uninterrupted_trace(tmp_path, docs):
     p.wait()
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert [c.name for c in C.checkpoints(tmp_path / "b")] == ["step-00000004"]
-    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    assert f"pid {p.pid} " in (tmp_path / "b" / C.LOCK).read_text()  # the killed run's lock file, left behind...
+    T.main(["--out", str(tmp_path / "b"), "--resume"])  # ...holds nothing: the next run takes the folder
     assert trace(tmp_path / "b") == full
     assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
+
+
+SLOW_STEPS = ("import sys, time; sys.path.insert(0, sys.argv[1]); import train; step = train.train_step; "
+              "train.train_step = lambda *a, **k: (time.sleep(0.2), step(*a, **k))[1]; train.main(sys.argv[2:])")
+
+
+@pytest.mark.slow
+def test_a_run_folder_holds_one_run_at_a_time(tmp_path, docs):
+    """While a run trains, a second run into its --out (a new one, --overwrite, or --resume of it) is refused at once
+    with one line naming the holder, and the first run ends as if it had been alone."""
+    args = run_args(docs, tmp_path / "a", "--steps", "40", "--ckpt-every", "5")
+    first = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, str(ROOT), *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    metrics, t0 = tmp_path / "a" / "metrics.jsonl", time.time()
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() - t0 < 60:
+        time.sleep(0.05)
+    others = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *a], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+              for a in (args + ["--seed", "2"], args + ["--seed", "2", "--overwrite"],
+                        ["--out", str(tmp_path / "a"), "--resume"])]
+    for p in others:
+        err = p.communicate(timeout=120)[1]
+        assert p.returncode == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"error: --out {tmp_path / 'a'}: another run is using it (pid {first.pid} on "), err
+    assert first.poll() is None, "the first run ended before the others were refused: nothing was tested"
+    assert first.wait(timeout=120) == 0
+    T.main(run_args(docs, tmp_path / "alone", "--steps", "40", "--ckpt-every", "5"))
+    assert trace(tmp_path / "a") == trace(tmp_path / "alone")
+    assert [c.name for c in C.checkpoints(tmp_path / "a")] == [c.name for c in C.checkpoints(tmp_path / "alone")]
+    assert_same_weights(tmp_path / "alone" / "model", tmp_path / "a" / "model")
+    assert_same_weights(C.checkpoints(tmp_path / "alone")[-1], C.checkpoints(tmp_path / "a")[-1])
 
 
 def assert_same_weights(a, b):
@@ -534,3 +567,50 @@ def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path
     # lr itself, at the second of two steps)
     T.main(["--lr", "5e-5", "--steps", "2", "--out", "runs/lr"])
     assert [json.loads(line)["lr"] for line in open("runs/lr/metrics.jsonl")] == [5e-5 / 32, 5e-5]
+
+
+@pytest.mark.slow
+def test_an_out_deleted_while_the_run_trains_is_one_line(tmp_path, docs):
+    args = run_args(docs, tmp_path / "a", "--steps", "40", "--ckpt-every", "100")
+    p = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, str(ROOT), *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    metrics, t0 = tmp_path / "a" / "metrics.jsonl", time.time()
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() - t0 < 60:
+        time.sleep(0.05)
+    shutil.rmtree(tmp_path / "a")
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == (f"error: {metrics}: cannot write (No such file or directory); was --out moved or "
+                                    f"deleted while the run trained? last checkpoint: none yet")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm to the group", "one rank killed"])
+def test_torchrun_stopped_is_one_line_of_ours(tmp_path, docs, reap, how):
+    """SLURM's SIGTERM to the whole job, or a rank that dies: one line from this project and no traceback of its
+    code. torchrun's own report follows (its SignalException, or its ChildFailedError box), as docs/reference.md
+    says."""
+    p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
+                      *run_args(docs, tmp_path / "t", "--steps", "40", "--ckpt-every", "100")),
+             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    metrics, t0 = tmp_path / "t" / "metrics.jsonl", time.time()
+    while p.poll() is None and time.time() - t0 < 120:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            if how == "one rank killed":
+                workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+                os.kill(int(workers[-1]), signal.SIGKILL)
+            else:
+                os.killpg(p.pid, signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    out = p.communicate(timeout=120)[0]
+    ours = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and not re.search(rf'File "{ROOT}/\w+\.py"', out), out[-4000:]  # no frame of ours
+    if how == "one rank killed":
+        assert ours[0].startswith("error: rank 0: another rank stopped during step ") and "Connection" in ours[0]
+        assert "ChildFailedError" in out
+        return
+    [ckpt] = C.checkpoints(tmp_path / "t")
+    assert ours[0] == (f"error: terminated (SIGTERM) after step {int(ckpt.name[5:])}; last checkpoint: {ckpt} "
+                       f"(continue with: torchrun --nproc_per_node=2 train.py --out {tmp_path / 't'} --resume)")
+    assert "SignalException" in out  # torchrun's agent, signalled too, raises it after its workers have stopped

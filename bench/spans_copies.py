@@ -1,0 +1,44 @@
+"""
+bench/spans_copies.py: how long `train.Spans` takes to work out a step's chunks on the host, in two trees side by
+side (before and after a change to it): 16-document batches of the paper's span lengths, a tiny encoder, the CPU.
+
+    git worktree add /tmp/old 848ebc5 && python bench/spans_copies.py /tmp/old .
+"""
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_TREE = """
+import sys, time
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import torch
+import train as T
+from conftest import synthetic_batch, tiny_encoder
+torch.set_num_threads(1)
+enc, cfg = tiny_encoder(), T.TrainConfig()
+batches = [synthetic_batch(16, seed=s, anchor_len=(150, 511), positive_len=(32, 300)) for s in range(20)]
+old = "world" in T.Spans.__init__.__code__.co_varnames  # before: Spans(batch, cfg, encoder, world)
+make = (lambda b: T.Spans(b, cfg, enc, world=1)) if old else (lambda b: T.Spans(b, cfg, enc))
+[make(b) for b in batches]
+t = time.perf_counter()
+for _ in range(10):
+    [make(b) for b in batches]
+print((time.perf_counter() - t) / 200 * 1e3)
+"""
+
+
+def main():
+    trees, times = sys.argv[1:3], {t: [] for t in sys.argv[1:3]}
+    for _ in range(4):  # alternating, so that both trees see the same machine
+        for tree in trees:
+            out = subprocess.run([sys.executable, "-c", ONE_TREE, str(Path(tree).resolve()), str(ROOT / "tests")],
+                                 capture_output=True, text=True, check=True).stdout
+            times[tree].append(float(out))
+    for tree, ms in times.items():
+        print(f"{tree}: {statistics.median(ms):.2f} ms a step (range {min(ms):.2f}-{max(ms):.2f}, 4 runs)")
+
+
+if __name__ == "__main__":
+    main()
