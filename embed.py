@@ -112,11 +112,22 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
                            batch_tokens=batch_tokens, normalize=normalize, dtype=dtype, progress=progress)
 
 
+def embed_tokenized(tokenized: Tokenized, model, tok, **how) -> np.ndarray:
+    """encode() after tokenize(), with dropout off (as sentence-transformers' encode): a model in training mode
+    would give other embeddings each call. Its mode is put back afterwards."""
+    training = model.training
+    model.eval()
+    try:
+        return _embed(tokenized, model, tok, **how)
+    finally:
+        model.train(training)
+
+
 @torch.inference_mode()
-def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
-                    dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
-    """encode() after tokenize(). On a GPU nothing here waits for the GPU but the one copy back at the end: each
-    batch goes in from page-locked memory while the GPU still works on the one before, and stays there."""
+def _embed(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
+           dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
+    """On a GPU nothing here waits for the GPU but the one copy back at the end: each batch goes in from
+    page-locked memory while the GPU still works on the one before, and stays there."""
     device, pieces, owner = next(model.parameters()).device, tokenized.pieces, tokenized.owner
     batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
     pad = special_ids(tok)["pad"]

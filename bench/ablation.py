@@ -1,23 +1,32 @@
 """
-The paper's ablations in miniature, with error bars: Fig. 3 (which objective: MLM, contrastive, both) and Fig. 2
-(which positive view: all, overlap, adjacent, subsumed; how many anchors A and positives P), each arm trained from
-the same scratch model on the same batches for each of several seeds, scored on STS-B dev, and reported as
-mean ± standard deviation over the seeds beside the untrained model and the lexical floor (the mean of random word
-vectors, scored on the same pairs).
+The paper's ablations in miniature, with error bars, in two settings. From scratch: Fig. 3 (which objective: MLM,
+contrastive, both) and Fig. 2 (which positive view: all, overlap, adjacent, subsumed; how many anchors A and
+positives P), each arm trained from the same scratch model on the same batches for each of several seeds. And the
+paper's own setting (--pretrain-steps): a model pretrained with MLM first (stage 1), then continued with each
+objective of Fig. 3 on books stage 1 never saw, one pass over 25, 50 or 100% of them (Fig. 3's train-set axis).
+Every run is scored on STS-B dev (and SICK-R) and reported as mean ± standard deviation over the seeds, with its
+paired differences, beside its start and the lexical floor (the mean of random word vectors, on the same pairs).
 
-    python bench/ablation.py                                   # CPU: tiny shape, 3 seeds, all arms, ~1.7 h on 2 cores
+    python bench/ablation.py                                   # CPU: tiny scratch models, 3 seeds, all arms, ~1.7 h
+    python bench/ablation.py --pretrain-steps 8000 --lr 5e-4   # CPU: stage 1 (24 min), then Fig. 3: 27 runs, ~1 h
     python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
     python bench/ablation.py --model distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
         --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
 
-For each seed, one initial model (the seed's weights, one BPE tokenizer for all) is saved, or with --model the same
-pretrained encoder serves every seed, and every arm of that seed starts from it with that seed's batches (train.py
---seed), so that arms differ only in what they ablate. The tables go to OUT/ablation.md and, with matplotlib
-installed, STS-B dev against steps to bench/ablation.png. Finished runs are kept (and their times, in
-OUT/seconds.json): running the script again continues where it stopped.
+From scratch, each seed has one initial model (the seed's weights, one BPE tokenizer for all), or with --model the
+same pretrained encoder serves every seed, and every arm of that seed starts from it with that seed's batches
+(train.py --seed), so that arms differ only in what they ablate. With --pretrain-steps, every other book (sorted by
+name) trains stage 1: a scratch model and its BPE, MLM alone on full-length sequences of l_max tokens, as RoBERTa
+is pretrained on whole 512-token sequences, DeCLUTR's l_max. The other books, cut at paragraph ends into documents
+of at least --doc-chars characters and shuffled once, are stage 2's: every arm, share and seed starts from the one
+stage-1 model, the seeds differing in batches, masks and dropout. The tables go to OUT/ablation.md and, with
+matplotlib installed, the curves to --plot. Finished runs are kept (and their times, in OUT/seconds.json): running
+the script again continues where it stopped.
 """
 import argparse
+import collections
 import json
+import os
 import re
 import subprocess
 import sys
@@ -87,30 +96,100 @@ def initial_models(a, out: Path) -> dict[int, str]:
     return inits
 
 
-def run_arms(a, out: Path, inits: dict[int, Path]):
-    """Every (arm, seed) not yet finished, --jobs at a time, one CPU thread each when several run together."""
-    todo = [(arm, s) for s in a.seeds for arm in a.arms if not (out / f"{arm}-seed{s}" / "model").exists()]
+# -----------------------------------------------------------------------------------------------
+# The paper's setting: stage 1 pretrains with MLM on half the books; stage 2 continues on the other half.
+
+
+def pretrain(a, out: Path, books: list[Path]) -> Path:
+    """Stage 1, the "pretrained" encoder (the paper's Transformer-* rows): scratch weights and BPE, MLM alone on
+    sequences of l_max tokens (--min-span = --max-span: every anchor a whole l_max block, none of them
+    contrasted), seed 0, STS-B dev scored 8 times along the way."""
+    model = out / "pretrain" / "model"
+    if not (model / "model.safetensors").exists():
+        cmd = ["--model", f"scratch:{a.shape}", "--data", *map(str, books), "--seed", "0",
+               "--steps", str(a.pretrain_steps), "--min-span", str(a.max_span), "--lr", str(a.pretrain_lr),
+               "--no-contrastive", "--eval-every", str(max(1, a.pretrain_steps // 8)),
+               "--threads", str(len(os.sched_getaffinity(0)))]  # alone: every core
+        train(a, out, "pretrain", cmd, wait=True)
+    return model
+
+
+def stage2_documents(a, out: Path, books: list[Path]) -> dict[int, Path]:
+    """The books stage 1 did not see, cut at paragraph ends into documents of at least --doc-chars characters
+    (the paper's documents are web pages, not books: one pass over 100 books would be 6 steps), shuffled once with
+    a fixed seed; share p% is the first p% of them, so a larger share holds every smaller one."""
+    files = {p: out / f"documents-{p}pct.jsonl" for p in a.fractions}
+    if all(f.exists() for f in files.values()):
+        return files
+    docs = []
+    for text in common.read_documents(books, collections.Counter(), clean=False):
+        mine, piece = [], ""
+        for paragraph in re.split(r"\n\s*\n", text.replace("\r\n", "\n").strip()):
+            piece = f"{piece}\n\n{paragraph}" if piece else paragraph
+            if len(piece) >= a.doc_chars:
+                mine.append(piece)
+                piece = ""
+        if mine and piece:  # the book's tail joins its last document rather than being lost
+            mine[-1] += "\n\n" + piece
+        docs += mine or [piece]  # a book shorter than --doc-chars is one document (the sampler may skip it)
+    order = np.random.default_rng(0).permutation(len(docs))
+    for p, f in files.items():
+        lines = "".join(json.dumps({"text": docs[i]}) + "\n" for i in order[:round(len(docs) * p / 100)])
+        common.write_atomic(f, lambda tmp, lines=lines: Path(tmp).write_text(lines))
+    return files
+
+
+# -----------------------------------------------------------------------------------------------
+# Running the arms, one train.py each, and reading back what they logged.
+
+
+def runs(a) -> list[tuple[str, int | None, int]]:
+    """(arm, share of stage 2's documents or None, seed) of every run asked for."""
+    return [(arm, p, s) for s in a.seeds for p in (a.fractions if a.pretrain_steps else [None]) for arm in a.arms]
+
+
+def name(arm: str, share: int | None, seed: int) -> str:
+    return f"{arm}-seed{seed}" if share is None else f"{arm}-{share}pct-seed{seed}"
+
+
+def train(a, out: Path, run: str, flags: list[str], wait: bool = False):
+    """Start train.py for one run into out/run, its output in out/run.log; wait=True: block until it ends."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "--out", str(out / run), "--overwrite",
+           "--docs-per-step", str(a.docs_per_step), "--max-span", str(a.max_span), "--eval-data", a.stsb,
+           "--ckpt-every", "1000000", "--log-every", "1000000", "--cache-dir", str(out / "cache"), *flags]
+    job = (run, time.time(), subprocess.Popen(cmd, stdout=open(out / f"{run}.log", "w"), stderr=subprocess.STDOUT))
+    if wait:
+        job[2].wait()
+        finished(out, job)
+    return job
+
+
+def finished(out: Path, job):
+    """Record one ended run's time (over every invocation of the script), or stop if it failed."""
+    run, t0, proc = job
+    if proc.returncode:
+        sys.exit(f"{run} failed; see {out / f'{run}.log'}")
+    (out / "seconds.json").write_text(json.dumps({**run_seconds(out), run: round(time.time() - t0)}, indent=1))
+    print(f"{run}: STS-B dev {curve(out, run)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
+
+
+def run_arms(a, out: Path, inits: dict[int, Path], documents: dict[int, Path]):
+    """Every (arm, share, seed) not yet finished, --jobs at a time, one CPU thread each when several run together."""
+    todo = [r for r in runs(a) if not (out / name(*r) / "model").exists()]
     running = []
     while todo or running:
         while todo and len(running) < a.jobs:
-            arm, s = todo.pop(0)
-            cmd = [sys.executable, str(ROOT / "train.py"), "--model", str(inits[s]), "--data", *a.data,
-                   "--out", str(out / f"{arm}-seed{s}"), "--overwrite", "--seed", str(s), "--steps", str(a.steps),
-                   "--docs-per-step", str(a.docs_per_step), "--min-span", str(a.min_span),
-                   "--max-span", str(a.max_span), "--lr", str(a.lr), "--eval-data", a.stsb,
-                   "--eval-every", str(a.eval_every), "--ckpt-every", str(a.steps), "--log-every", str(a.steps),
-                   "--cache-dir", str(out / "cache"), *(["--threads", "1"] if a.jobs > 1 else []), *ARMS[arm][0]]
-            log = open(out / f"{arm}-seed{s}.log", "w")
-            running.append((arm, s, time.time(), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+            arm, share, s = todo.pop(0)
+            length = ["--data", str(documents[share]), "--epochs", "1"] if share else ["--data", *a.data,
+                                                                                     "--steps", str(a.steps)]
+            running.append(train(a, out, name(arm, share, s), [
+                "--model", str(inits[s]), "--seed", str(s), *length, "--min-span", str(a.min_span),
+                "--lr", str(a.lr), "--eval-every", str(a.eval_every), *(["--threads", "1"] if a.jobs > 1 else []),
+                *ARMS[arm][0]]))
         time.sleep(1)
-        for job in [j for j in running if j[3].poll() is not None]:
+        for job in [j for j in running if j[2].poll() is not None]:
             running.remove(job)
-            arm, s, t0, p = job
-            if p.returncode:
-                sys.exit(f"{arm} seed {s} failed; see {out / f'{arm}-seed{s}.log'}")
-            took = {**run_seconds(out), f"{arm}-seed{s}": round(time.time() - t0)}
-            (out / "seconds.json").write_text(json.dumps(took, indent=1))  # the total, over every invocation
-            print(f"{arm} seed {s}: STS-B dev {curve(out, arm, s)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
+            finished(out, job)
 
 
 def run_seconds(out: Path) -> dict[str, int]:
@@ -118,10 +197,25 @@ def run_seconds(out: Path) -> dict[str, int]:
     return json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
 
 
-def curve(out: Path, arm: str, seed: int) -> list[tuple[int, float]]:
+def metrics(out: Path, run: str) -> list[dict]:
+    return [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+
+
+def curve(out: Path, run: str) -> list[tuple[int, float]]:
     """(step, STS-B dev Spearman) of one run, from its metrics.jsonl."""
-    recs = [json.loads(line) for line in (out / f"{arm}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["stsb_dev_spearman"]) for r in recs if r.get("stsb_dev_spearman") is not None]
+    return [(r["step"], r["stsb_dev_spearman"]) for r in metrics(out, run) if r.get("stsb_dev_spearman") is not None]
+
+
+def sick_scores(a, models: dict[str, Path]) -> dict[str, float]:
+    """SICK-R (the shared trial split, 500 pairs) Spearman of each model; none where the file is not there."""
+    if not Path(a.sick).exists():
+        return {}
+    pairs = E.read_sick(Path(a.sick), "dev")
+    return {run: E.spearman_of(*M.load_pretrained(str(model), quiet=True), pairs) for run, model in models.items()}
+
+
+# -----------------------------------------------------------------------------------------------
+# The report: tables and plots.
 
 
 def panels(a) -> dict[str, list[str]]:
@@ -131,41 +225,67 @@ def panels(a) -> dict[str, list[str]]:
     return filled or {"DeCLUTR": ["both"]}
 
 
-def tables(a, out: Path, untrained: list[float], floor: list[float]) -> str:
+def cell(xs) -> str:
+    return f"{np.mean(xs):.2f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.2f}"
+
+
+def delta(xs, ref) -> str:
+    """The paired difference xs - ref: a finding only when it is larger than its spread over the seeds and than
+    either side's (a start shared by every seed has none)."""
+    d = np.subtract(xs, ref)
+    spread = max(np.std(d, ddof=1), np.std(xs, ddof=1), np.std(ref, ddof=1)) if len(xs) > 1 else np.inf
+    text = f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) if len(xs) > 1 else 0:.2f}"
+    return f"**{text}**" if abs(np.mean(d)) > spread else text
+
+
+def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:
     """The Markdown report: one table per figure with each arm's mean ± std over seeds, its paired differences (same
-    seed, so same initial weights and batches) to the untrained model and to "both", and the seeds' own scores."""
-    def cell(xs):
-        return f"{np.mean(xs):.2f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.2f}"
-
-    def delta(xs, ref):
-        # A difference is a finding only when it is larger than its spread over the seeds and than either arm's.
-        d = np.subtract(xs, ref)
-        spread = max(np.std(d, ddof=1), np.std(xs, ddof=1), np.std(ref, ddof=1)) if len(xs) > 1 else np.inf
-        text = f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) if len(xs) > 1 else 0:.2f}"
-        return f"**{text}**" if abs(np.mean(d)) > spread else text
-
-    both = [curve(out, "both", s)[-1][1] for s in a.seeds] if "both" in a.arms else None
-    start = a.model if a.model else f"{a.shape} scratch model"
-    lines = [f"{start}, {a.steps} steps of N={a.docs_per_step} documents, spans {a.min_span}-"
-             f"{a.max_span} tokens, lr {a.lr}, seeds {', '.join(map(str, a.seeds))}; STS-B dev Spearman x 100, "
-             f"mean ± standard deviation over the seeds. Δ: the paired difference (same seed, so same initial "
-             f"weights and batches); **bold** where it is larger than its own spread over the seeds and than both "
-             f"arms' standard deviations: nothing else can be told apart from seed noise (and with few seeds a bold "
-             f"one is a lead, not proof).", "",
-             f"- lexical floor (mean of random word vectors): {cell(floor)}",
-             f"- untrained model: {cell(untrained)} ({' / '.join(f'{x:.2f}' for x in untrained)})"]
+    seed, so same initial weights and batches) to the start (untrained, or stage 1) and to "both", and the seeds'
+    own scores; SICK-R beside STS-B where the shared trial split is there."""
+    final = {name(*r): curve(out, name(*r))[-1][1] for r in runs(a)}
+    what = "stage 1" if a.pretrain_steps else "untrained"
+    if a.pretrain_steps:
+        s1 = metrics(out, "pretrain")
+        lines = [f"Stage 1: {a.shape} scratch model and BPE, {a.pretrain_steps} steps of MLM alone on 2 x "
+                 f"{a.docs_per_step} sequences of {a.max_span} tokens from every other book, lr {a.pretrain_lr}; MLM "
+                 f"loss {np.mean([r['mlm'] for r in s1[:50]]):.2f} over its first 50 steps, "
+                 f"{np.mean([r['mlm'] for r in s1[-500:]]):.2f} over its last 500. Stage 2: from it, one pass over "
+                 f"a share of the other books' documents, spans {a.min_span}-{a.max_span} tokens, lr {a.lr}"]
+    else:
+        lines = [f"{a.model or f'{a.shape} scratch model'}, {a.steps} steps, spans {a.min_span}-{a.max_span} "
+                 f"tokens, lr {a.lr}"]
+    lines[0] += (f"; N={a.docs_per_step}, seeds {', '.join(map(str, a.seeds))}. Spearman x 100, mean ± standard "
+                 f"deviation over the seeds. Δ: the paired difference (same seed, so same start and batches); "
+                 f"**bold** where it is larger than its own spread over the seeds and than both sides' standard "
+                 f"deviations: nothing else can be told apart from seed noise (and with few seeds a bold one is a "
+                 f"lead, not proof).")
+    lines += ["", f"- lexical floor (mean of random word vectors): STS-B {cell(floor)}"]
+    if a.pretrain_steps:  # one model, the start of every seed
+        lines += [f"- stage 1 model: STS-B {start['stsb'][0]:.2f}" + (f", SICK-R {start['sick'][0]:.2f}" if sick
+                  else "") + f"; before stage 1 (its random weights): STS-B {start['before stage 1']:.2f}"]
+    else:
+        lines += [f"- untrained model: STS-B {cell(start['stsb'])} ({' / '.join(f'{x:.2f}' for x in start['stsb'])})"
+                  + (f", SICK-R {cell(start['sick'])}" if sick else "")]
+    head = ["share"] * (a.pretrain_steps > 0) + ["arm", "steps", "STS-B dev", f"Δ {what}", "Δ both", "per seed"]
+    head += ["SICK-R", f"Δ {what}", "Δ both"] if sick else []
     for title, arms in panels(a).items():
-        lines += ["", f"**{title}**", "", "| arm | STS-B dev | Δ untrained | Δ both | per seed |",
-                  "|---|---|---|---|---|"]
-        for arm in arms:
-            finals = [curve(out, arm, s)[-1][1] for s in a.seeds]
-            vs_both = delta(finals, both) if both is not None and arm != "both" else "–"
-            lines.append(f"| {LABELS[arm]} | {cell(finals)} | {delta(finals, untrained)} | {vs_both} | "
-                         f"{' / '.join(f'{x:.2f}' for x in finals)} |")
+        lines += ["", f"**{title}**", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        for share in a.fractions if a.pretrain_steps else [None]:
+            for arm in arms:
+                row = [name(arm, share, s) for s in a.seeds]
+                both = [name("both", share, s) for s in a.seeds] if "both" in a.arms and arm != "both" else None
+                cols = [f"{share}%"] * (share is not None) + [LABELS[arm], f"{metrics(out, row[0])[-1]['step']:,}"]
+                for scores, ref in [(final, start["stsb"])] + ([(sick, start["sick"])] if sick else []):
+                    xs = [scores[r] for r in row]
+                    cols += [cell(xs), delta(xs, ref), delta(xs, [scores[r] for r in both]) if both else "–"]
+                    cols += [" / ".join(f"{x:.2f}" for x in xs)] if scores is final else []
+                lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(a, out: Path, path: Path, untrained: list[float], floor: list[float]):
+def plot(a, out: Path, path: Path, start: dict, floor: list[float]):
+    """STS-B dev against steps, one panel per figure (from scratch), or stage 1's MLM loss and STS-B dev, then
+    stage 2's final score against the share of documents and its curves on all of them (--pretrain-steps)."""
     try:
         import matplotlib
     except ImportError:
@@ -174,31 +294,53 @@ def plot(a, out: Path, path: Path, untrained: list[float], floor: list[float]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tables = panels(a)
-    cols = min(2, len(tables))
-    fig, axes = plt.subplots((len(tables) + cols - 1) // cols, cols, figsize=(6 * cols, 4 * ((len(tables) + 1) // 2)),
-                             sharey=True, squeeze=False)
-    for ax, (title, arms) in zip(axes.flat, tables.items(), strict=False):  # an odd count leaves one empty
+    figures = {"stage 1: MLM": [], "stage 2: one pass over a share of the documents": a.arms,
+               f"stage 2: all {a.fractions[-1]}%, along the pass": a.arms} if a.pretrain_steps else panels(a)
+    cols = 3 if a.pretrain_steps else min(2, len(figures))
+    rows = (len(figures) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.5 * rows), sharey=not a.pretrain_steps, squeeze=False)
+    for i, (ax, (title, arms)) in enumerate(zip(axes.flat, figures.items(), strict=False)):  # odd: one left empty
+        if a.pretrain_steps and i == 0:
+            stage1(ax, out, start["before stage 1"])
+            continue
         others = iter(["tab:blue", "tab:orange", "tab:red"])
         for arm in arms:
-            curves = [[(0, u)] + curve(out, arm, s) for s, u in zip(a.seeds, untrained, strict=True)]
-            steps = [st for st, _ in curves[0]]
-            ys = np.array([[y for _, y in c] for c in curves])
             color = "black" if arm == "both" else next(others)  # DeCLUTR itself looks the same in every panel
-            ax.plot(steps, ys.mean(0), marker="o", color=color, label=LABELS[arm])
-            ax.fill_between(steps, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1), color=color,
+            if a.pretrain_steps and i == 1:
+                xs = a.fractions
+                ys = np.array([[curve(out, name(arm, p, s))[-1][1] for p in xs] for s in a.seeds])
+            else:
+                share = a.fractions[-1] if a.pretrain_steps else None
+                curves = [[(0, u)] + curve(out, name(arm, share, s))
+                          for s, u in zip(a.seeds, start["stsb"], strict=True)]
+                xs = [st for st, _ in curves[0]]
+                ys = np.array([[y for _, y in c] for c in curves])
+            ax.plot(xs, ys.mean(0), marker="o", color=color, label=LABELS[arm])
+            ax.fill_between(xs, ys.mean(0) - ys.std(0, ddof=1), ys.mean(0) + ys.std(0, ddof=1), color=color,
                             alpha=0.15)
+        if a.pretrain_steps:
+            ax.axhline(start["stsb"][0], color="tab:green", linestyle=":", label="stage 1 (the start)")
         ax.axhline(np.mean(floor), color="gray", linestyle="--", linewidth=1, label="lexical floor")
         ax.set_title(title)
-        ax.set_xlabel("steps")
-        ax.legend(fontsize=8)
-    for ax in axes[:, 0]:
+        ax.set_xlabel("share of stage 2's documents (%)" if a.pretrain_steps and i == 1 else "steps")
         ax.set_ylabel("STS-B dev Spearman x 100\n(mean ± std over seeds)")
-    for ax in axes.flat[len(tables):]:
+        ax.legend(fontsize=8)
+    for ax in axes.flat[len(figures):]:
         ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
+
+
+def stage1(ax, out: Path, before: float):
+    """Stage 1's MLM loss (a 50-step running mean) and, on a second axis, its STS-B dev along the way."""
+    mlm = np.array([r["mlm"] for r in metrics(out, "pretrain")])
+    ax.plot(np.arange(50, len(mlm) + 1), np.convolve(mlm, np.ones(50) / 50, "valid"), color="tab:purple")
+    ax.set(title="stage 1: MLM alone, from scratch", xlabel="steps", ylabel="MLM loss (50-step mean)")
+    sts = ax.twinx()
+    steps, scores = zip(*[(0, before)] + curve(out, "pretrain"), strict=True)
+    sts.plot(steps, scores, marker="o", color="tab:green")
+    sts.set_ylabel("STS-B dev Spearman x 100", color="tab:green")
 
 
 def main():
@@ -207,37 +349,69 @@ def main():
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
     ap.add_argument("--data", nargs="+", default=None, help="documents (default: the shared Gutenberg books)")
     ap.add_argument("--stsb", default=None, help="sts-dev.csv (default: the shared copy)")
-    ap.add_argument("--out", default="runs/ablation", help="where the runs and the report go")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="which arms to train")
+    ap.add_argument("--sick", default=None, help="SICK_trial.txt, a second score if it is there (default: shared)")
+    ap.add_argument("--out", default=None, help="where the runs and the report go (default: runs/ablation, or "
+                    "runs/pretrained with --pretrain-steps)")
+    ap.add_argument("--arms", nargs="+", default=None, choices=list(ARMS),
+                    help="which arms to train (default: all, or Fig. 3's with --pretrain-steps)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="one initial model and batches each")
     ap.add_argument("--model", default=None, help="start every arm from this pretrained encoder (a hub id or a "
                     "folder) instead of a scratch model")
     ap.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="scratch shape (without --model)")
-    ap.add_argument("--steps", type=int, default=1200, help="optimiser steps per arm")
-    ap.add_argument("--eval-every", type=int, default=200, help="steps between STS-B dev scores (the plot)")
+    ap.add_argument("--steps", type=int, default=1200, help="optimiser steps per arm (from scratch)")
+    ap.add_argument("--pretrain-steps", type=int, default=0, help="stage 1's MLM steps; 0: arms start from scratch")
+    ap.add_argument("--pretrain-lr", type=float, default=1e-3, help="stage 1's peak lr")
+    ap.add_argument("--fractions", nargs="+", type=int, default=[25, 50, 100],
+                    help="stage 2: the shares (%%) of its documents, one pass over each")
+    ap.add_argument("--doc-chars", type=int, default=2400, help="stage 2: the least characters of a document")
+    ap.add_argument("--eval-every", type=int, default=None, help="steps between STS-B dev scores (the plot; "
+                    "default: 200, or 100 with --pretrain-steps)")
     ap.add_argument("--docs-per-step", type=int, default=16, help="N")
     ap.add_argument("--min-span", type=int, default=16, help="l_min")
     ap.add_argument("--max-span", type=int, default=128, help="l_max")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak lr (a scratch model needs more than the paper's 5e-5)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (on a CPU: its cores, one thread each)")
-    ap.add_argument("--plot", default=str(ROOT / "bench" / "ablation.png"), help="where the plot goes")
+    ap.add_argument("--plot", default=None, help="where the plot goes (default: bench/ablation.png, or "
+                    "bench/ablation-pretrained.png with --pretrain-steps)")
     a = ap.parse_args()
-    shared, out = Path(a.shared), Path(a.out)
+    shared, staged = Path(a.shared), a.pretrain_steps > 0
     a.data = a.data or [str(shared / "data/corpus/gutenberg")]
     a.stsb = a.stsb or str(shared / "data/sts/stsbenchmark/sts-dev.csv")
+    a.sick = a.sick or str(shared / "data/sts/sick/SICK_trial.txt")
+    a.arms = a.arms or (TABLES["Fig. 3: objective"] if staged else list(ARMS))
+    a.eval_every = a.eval_every or (100 if staged else 200)
+    a.fractions = sorted(a.fractions)
+    out = Path(a.out or ("runs/pretrained" if staged else "runs/ablation"))
+    plot_path = Path(a.plot or ROOT / "bench" / ("ablation-pretrained.png" if staged else "ablation.png"))
     out.mkdir(parents=True, exist_ok=True)
-    inits = initial_models(a, out)
-    pairs = E.load_stsb_dev(a.stsb)
-    untrained = [E.spearman_of(*M.load_pretrained(str(inits[s]), quiet=True), pairs) for s in a.seeds]
-    floor = [lexical_floor(pairs, s) for s in a.seeds]
     t0 = time.time()
-    run_arms(a, out, inits)
-    report = tables(a, out, untrained, floor)
+    documents = {}
+    if staged:
+        books = common.list_files(a.data)
+        start = pretrain(a, out, books[0::2])
+        inits = {s: start for s in a.seeds}
+        documents = stage2_documents(a, out, books[1::2])
+    else:
+        inits = initial_models(a, out)
+    pairs = E.load_stsb_dev(a.stsb)
+    starts = {s: M.load_pretrained(str(inits[s]), quiet=True) for s in a.seeds}
+    start = {"stsb": [E.spearman_of(*starts[s], pairs) for s in a.seeds]}
+    if staged:  # where stage 1 itself began: train.py's scratch weights for seed 0, with the BPE it trained
+        tok = starts[a.seeds[0]][1]
+        start["before stage 1"] = E.spearman_of(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=0), tok, pairs)
+    floor = [lexical_floor(pairs, s) for s in a.seeds]
+    run_arms(a, out, inits, documents)
+    sick = sick_scores(a, {name(*r): out / name(*r) / "model" for r in runs(a)}
+                       | {f"start-seed{s}": inits[s] for s in a.seeds})
+    start["sick"] = [sick[f"start-seed{s}"] for s in a.seeds] if sick else []
+    report = tables(a, out, start, floor, sick)
     (out / "ablation.md").write_text(report)
-    total = sum(run_seconds(out).get(f"{arm}-seed{s}", 0) for arm in a.arms for s in a.seeds) / 60
-    print(f"\n{report}\n{len(a.arms) * len(a.seeds)} runs: {total:.0f} minutes of training in all ({a.jobs} at "
-          f"a time), {(time.time() - t0) / 60:.0f} of them in this invocation")
-    plot(a, out, Path(a.plot), untrained, floor)
+    took = run_seconds(out)
+    total = sum(took.get(name(*r), 0) for r in runs(a)) / 60
+    print(f"\n{report}\n{len(runs(a))} runs: {total:.0f} minutes of training in all ({a.jobs} at a time)"
+          + (f", after stage 1's {took.get('pretrain', 0) / 60:.0f}" if staged else "")
+          + f"; {(time.time() - t0) / 60:.0f} minutes in this invocation")
+    plot(a, out, plot_path, start, floor)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,16 @@ def masks(batch):
     return rows(batch["anchors"], batch["anchor_lengths"]), rows(batch["positives"], batch["positive_lengths"])
 
 
+def bench_script(name: str):
+    """bench/NAME.py imported as a module (bench/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_encoder(vocab=300, seed=0, dropout=0.0):
     import torch
 

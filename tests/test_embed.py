@@ -43,6 +43,17 @@ def test_encode_equals_one_at_a_time_in_input_order():
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-6)
 
 
+def test_encode_turns_dropout_off_and_gives_the_mode_back():
+    """A model left in training mode (dropout 0.1, as a scratch or just-trained one is) embeds as the naive loop
+    does in eval mode, the same each call, and is in training mode again afterwards."""
+    model, tok = M.from_scratch("tiny", ["alpha beta gamma delta"] * 30)
+    texts = ["alpha beta", "gamma delta alpha", "delta " * 20]
+    model.train()
+    emb = E.encode(texts, model, tok)
+    assert model.training
+    np.testing.assert_allclose(emb, naive(texts, model.eval(), tok), atol=1e-5)
+
+
 def test_long_chunk_is_the_mean_of_overlapping_windows():
     model, tok = M.from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
     model.eval()

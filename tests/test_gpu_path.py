@@ -17,7 +17,7 @@ import embed
 import evaluate_sts
 import model as M
 import train as T
-from conftest import ROOT, synthetic_batch, tiny_encoder
+from conftest import ROOT, bench_script, synthetic_batch, tiny_encoder
 from test_train import assert_same, free_port, run_args, step_grads, torchrun, trace
 
 
@@ -100,7 +100,7 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     monkeypatch.setattr(T, "DDP", lambda module, device_ids=None, **kw: ddp_ids.append(device_ids) or module)
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(name, value)
-    gpu_check = load_gpu_check()
+    gpu_check = bench_script("gpu_check")
     # train.py's: processes() as under torchrun (here with a store of its own), then the process group and DDP
     def train_set_up():
         proc = dataclasses.replace(common.processes(), store=dist.HashStore())
@@ -336,15 +336,6 @@ def test_the_host_side_plan_matches_the_device_side_way():
     assert all(len(g) * spans.lengths[g].max() <= 200 < (len(g) + 1) * spans.lengths[g].max() for g in gpu[:-1])
 
 
-def load_gpu_check():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    return gpu_check
-
-
 def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     """bench/gpu_check.py --dry-run: the sections that take seconds on a CPU (the whole dry run, with the compiled
     ones, takes about three minutes: docs/gpu.md), each ok and right, the GPU-only one skipped, all in the JSON."""
@@ -367,7 +358,7 @@ def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monk
     sections' limits add up to less than the one gpu_check.sh gives the whole run."""
     import time as time_module
 
-    gpu_check = load_gpu_check()
+    gpu_check = bench_script("gpu_check")
     limit = int(next(line for line in (ROOT / "bench" / "gpu_check.sh").read_text().splitlines()
                      if line.startswith("limit=")).split("=")[1])
     assert gpu_check.SETUP_LIMIT + sum(seconds for _, seconds in gpu_check.SECTIONS.values()) < limit <= 8 * 60
