@@ -8,7 +8,7 @@ Every run is scored on STS-B dev (and SICK-R) and reported as mean ± standard d
 paired differences, beside its start and the lexical floor (the mean of random word vectors, on the same pairs).
 
     python bench/ablation.py                                   # CPU: tiny scratch models, 3 seeds, all arms, ~1.7 h
-    python bench/ablation.py --pretrain-steps 8000 --lr 5e-4   # CPU: stage 1 (24 min), then Fig. 3: 27 runs, ~1 h
+    python bench/ablation.py --pretrain-steps 8000 --lr 5e-4   # CPU: stage 1 (24 min), then 27 runs of Fig. 3 (30 min)
     python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
     python bench/ablation.py --model distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
         --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
