@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 import evaluate_sts as E  # noqa: E402
-import hub as H  # noqa: E402
 import model as M  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
@@ -90,7 +89,7 @@ def initial_models(a, out: Path) -> dict[int, str]:
     inits = {s: out / f"init-seed{s}" for s in a.seeds}
     if all((d / "model.safetensors").exists() for d in inits.values()):
         return inits
-    tok = H.train_tokenizer(common.document_texts(a.data), M.SHAPES[a.shape]["vocab_size"])
+    tok = M.scratch_tokenizer(a.shape, common.document_texts(a.data))
     for s, d in inits.items():
         M.save_pretrained(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=s), tok, d)
     return inits
@@ -388,22 +387,22 @@ def main():
     documents = {}
     if staged:
         books = common.list_files(a.data)
-        start = pretrain(a, out, books[0::2])
-        inits = {s: start for s in a.seeds}
+        stage1 = pretrain(a, out, books[0::2])
+        inits = {s: stage1 for s in a.seeds}
         documents = stage2_documents(a, out, books[1::2])
     else:
         inits = initial_models(a, out)
     pairs = E.load_stsb_dev(a.stsb)
-    starts = {s: M.load_pretrained(str(inits[s]), quiet=True) for s in a.seeds}
-    start = {"stsb": [E.spearman_of(*starts[s], pairs) for s in a.seeds]}
+    starts = {str(m): M.load_pretrained(str(m), quiet=True) for m in inits.values()}  # one, with stage 1
+    scores = {m: E.spearman_of(*model_tok, pairs) for m, model_tok in starts.items()}
+    start = {"stsb": [scores[str(inits[s])] for s in a.seeds]}
     if staged:  # where stage 1 itself began: train.py's scratch weights for seed 0, with the BPE it trained
-        tok = starts[a.seeds[0]][1]
+        tok = starts[str(stage1)][1]
         start["before stage 1"] = E.spearman_of(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=0), tok, pairs)
     floor = [lexical_floor(pairs, s) for s in a.seeds]
     run_arms(a, out, inits, documents)
-    sick = sick_scores(a, {name(*r): out / name(*r) / "model" for r in runs(a)}
-                       | {f"start-seed{s}": inits[s] for s in a.seeds})
-    start["sick"] = [sick[f"start-seed{s}"] for s in a.seeds] if sick else []
+    sick = sick_scores(a, {name(*r): out / name(*r) / "model" for r in runs(a)} | {f"start {m}": m for m in starts})
+    start["sick"] = [sick[f"start {inits[s]}"] for s in a.seeds] if sick else []
     report = tables(a, out, start, floor, sick)
     (out / "ablation.md").write_text(report)
     took = run_seconds(out)
