@@ -197,9 +197,12 @@ class Spans:
     device from page-locked memory without waiting (common.to_device): nothing in the step makes the host wait for
     the GPU. A copy each, a few dozen a step, costs microseconds beside a step's hundreds of milliseconds on a GPU."""
 
-    def __init__(self, batch, cfg: TrainConfig, encoder):
+    def __init__(self, batch, cfg: TrainConfig, encoder, multiple: int | None = None):
         self.device = device = next(encoder.parameters()).device
         self.n_anchors, self.mlm = len(batch["anchors"]), cfg.mlm
+        # On a GPU a chunk's width is a multiple of 8: inductor guards on the attention mask's width modulo 8 there
+        # (torch/_inductor/lowering.py, sdpa_constraint), so mixed widths would compile a second graph per mode
+        self.multiple = multiple or (8 if device.type == "cuda" else 1)
         anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
         positives = batch["positives"] if cfg.contrastive else batch["positives"][:0]  # MLM alone needs no positives
         lengths = torch.cat([batch["anchor_lengths"], batch["positive_lengths"][:len(positives)]]).numpy()  # (S,)
@@ -207,7 +210,7 @@ class Spans:
         # Spans of similar length run together, within a token budget. On a GPU, one chunk per budget: a chunk more
         # costs more in launches than the padding inside one, which the token-wise layers skip anyway.
         self.groups = length_groups(lengths, cfg.chunk_tokens, spread=0.8 if device.type == "cpu" else 0.0)
-        T, pad = max(anchors.shape[1], positives.shape[1]), encoder.config.pad_token_id
+        T, pad = self.width(max(anchors.shape[1], positives.shape[1])), encoder.config.pad_token_id
         ids = torch.cat([F.pad(anchors, (0, T - anchors.shape[1]), value=pad),
                          F.pad(positives, (0, T - positives.shape[1]), value=pad)]).numpy()  # (S, T)
         labels = batch["mlm_labels"].numpy()
@@ -219,7 +222,7 @@ class Spans:
 
     def _chunk(self, group, ids, lengths, labels) -> tuple:
         """(g, T) ids and 0/1 mask, the non-pad tokens' flat positions, the MLM targets' flat positions and ids."""
-        T = int(lengths[group].max())
+        T = self.width(int(lengths[group].max()))
         mask = (np.arange(T)[None] < lengths[group][:, None]).astype(np.int64)  # (g, T)
         # §3.3: where the anchors' masked tokens are in the chunk's (g, T) layout, and what they were
         anchors = np.flatnonzero(group < self.n_anchors)  # the chunk's rows that hold anchors
@@ -233,6 +236,9 @@ class Spans:
         at, targets = np.r_[at, [0] * pad].astype(np.int64), np.r_[targets, [-100] * pad].astype(np.int64)
         host = (ids[group, :T], mask, nonpad_positions(lengths[group], T), at, targets)
         return tuple(common.to_device(x, self.device) for x in host)
+
+    def width(self, longest: int) -> int:
+        return -(-longest // self.multiple) * self.multiple
 
     def chunk(self, k: int, with_mlm: bool = True) -> tuple:
         """Chunk k's inputs to chunk_forward; without MLM targets (None) when MLM is off, or in GradCache's first

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The one-shot GPU check (bench/gpu_check.py says what each section checks): about 4 minutes by estimate on one GPU,
-# 8 at the most (each section has its own limit, and they add up to less than this script's), unbuffered output,
-# results also in runs/gpu_check.json (--json PATH), a summary written whatever happens.
+# The one-shot GPU check (bench/gpu_check.py says what each section checks): about 3 minutes by estimate on one GPU,
+# 7.5 at the most (each section has its own limit, and they add up to less than this script's), unbuffered output,
+# a summary written whatever happens, and printed last. Where $OUT is set (the lent GPU machine: only $OUT and the
+# output's tail come back), the JSON and the whole log go there: $OUT/gpu_check.json, $OUT/gpu_check.log.
 #   bash bench/gpu_check.sh               # on a GPU
 #   bash bench/gpu_check.sh --dry-run     # on a CPU first: every section that can run there, small
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-limit=480
+py=$(command -v python3 || command -v python)  # the GPU machine's image has python3 and no python
+limit=450
 if [[ " $* " == *" --dry-run "* ]]; then
     limit=1500  # a 2-core CPU compiles and runs slower; the sections' limits are three times a GPU's there
 else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
-exec timeout --kill-after=20 "$limit" python -u bench/gpu_check.py "$@"
+if [[ -n "${OUT:-}" ]]; then
+    mkdir -p "$OUT"
+    timeout --kill-after=20 "$limit" "$py" -u bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+    exit "${PIPESTATUS[0]}"
+fi
+exec timeout --kill-after=20 "$limit" "$py" -u bench/gpu_check.py "$@"

@@ -254,6 +254,55 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
         assert (T.compiled_graphs()[0] > 1) == old_inputs
 
 
+def cuda_alignment_backend(gm, example_inputs):
+    """A dynamo backend that installs the one guard inductor adds on CUDA for the attention mask
+    (torch/_inductor/lowering.py, sdpa_constraint's is_aligned: guard_or_false(Eq(Mod(size(-1), 8), 0))), then runs
+    the graph as it is: what inductor's CUDA lowering decides about graphs, seen on a CPU."""
+    import sympy
+
+    shape_env = torch._guards.TracingContext.try_get().fake_mode.shape_env
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and value.dim() == 2:  # ids and mask (g, T)
+            width = value.shape[-1]
+            if isinstance(width, torch.SymInt):
+                shape_env.evaluate_expr(sympy.Eq(sympy.Mod(width.node.expr, 8), 0), fallback_value=False)
+    return gm.forward
+
+
+def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change_no_gradient(monkeypatch):
+    """On a GPU every chunk is padded to a multiple of 8 tokens. Chunks of widths as they come build two graphs
+    under inductor's CUDA guard on the mask's width modulo 8; at multiples of 8, one. The padding changes no
+    gradient (it is masked out of attention and skipped by the token-wise layers)."""
+    import functools
+
+    import torch._dynamo as dynamo
+
+    batches = [synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 20)) for seed in range(4)]
+    for batch in batches[:2]:
+        plain = step_grads(tiny_encoder(), batch)
+        monkeypatch.setattr(T.Spans.__init__, "__defaults__", (8,))  # Spans(..., multiple=8), as on a GPU
+        assert T.Spans(batch, T.TrainConfig(), tiny_encoder()).chunks[0][0].shape[1] % 8 == 0
+        assert_same(step_grads(tiny_encoder(), batch), plain, atol=1e-6)
+        monkeypatch.undo()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=cuda_alignment_backend))
+    graphs = {}
+    for multiple in (1, 8):
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+        compiled = T.ChunkedEncoder(tiny_encoder(), compile=True)
+        widths = set()
+        for batch in batches:
+            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, multiple=multiple)
+            spans.mlm_scale = T.mlm_scale(spans.n_masked, 1, spans.device)
+            for k in range(len(spans.chunks)):
+                widths.add(spans.chunks[k][0].shape[1] % 8)
+                compiled.chunk(spans, k)
+        graphs[multiple] = T.compiled_graphs()[0]
+        assert (len(widths) > 1) == (multiple == 1)  # both kinds of width occur, unless padded
+    assert graphs == {1: 2, 8: 1}
+
+
 # --- resuming on another device ----------------------------------------------------------------------------------
 
 
@@ -379,15 +428,71 @@ def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monk
         """(d) right"""
         check.record("d", passed=True)
 
-    monkeypatch.setattr(gpu_check, "SECTIONS", {"a": (exits, 5), "b": (slow, 1), "c": (wrong, 5), "d": (right, 5)})
+    def swallows(check):
+        """(e) past its limit inside code that catches Exception, as torch's compiler does"""
+        try:
+            time_module.sleep(3)
+        except Exception:
+            pass
+        check.record("e", passed=True)
+
+    def sigterm_in_train_main(check):
+        """(f) train.main met the shell's SIGTERM: its handler made it SystemExit(143)"""
+        raise SystemExit(143)
+
+    monkeypatch.setattr(gpu_check, "SECTIONS", {"a": (exits, 5), "b": (slow, 1), "c": (wrong, 5), "d": (right, 5),
+                                                "e": (swallows, 1), "f": (sigterm_in_train_main, 5)})
     check = object.__new__(gpu_check.Check)
     check.out, check.results, check.dev = tmp_path / "r.json", {}, torch.device("cpu")
-    for key in "abcd":
+    for key in "abcde":
         gpu_check.run_section(check, key, scale=1)
-    gpu_check.summarise(check, "abcde", time_module.time())
+    with pytest.raises(gpu_check.Terminated):  # the check ends there, as on its own SIGTERM
+        gpu_check.run_section(check, "f", scale=1)
+    gpu_check.summarise(check, "abcdefg", time_module.time())
     summary = json.loads((tmp_path / "r.json").read_text())["summary"]
     assert summary["a"] == "failed: SystemExit: 2" and summary["b"].startswith("failed: TimeLimit")
-    assert (summary["c"], summary["d"], summary["e"]) == ("FAIL", "pass", "not run")
+    assert summary["e"].startswith("failed: TimeLimit")  # the limit was not swallowed
+    assert (summary["c"], summary["d"], summary["f"], summary["g"]) == ("FAIL", "pass", "cut short", "not run")
+
+
+def test_the_gpu_checks_ddp_section_compares_like_with_like(monkeypatch):
+    """Section d's reference step and its DDP step run in the same precision (fp32, TF32 off) over the same chunk
+    budget, GradCache against GradCache: bf16 or other chunks differ by more than its 1e-4 on a correct GPU. Read
+    from train_step's own calls."""
+    gpu_check = bench_script("gpu_check")
+    check = object.__new__(gpu_check.Check)
+    check.out, check.results, check.dev = None, {}, torch.device("cpu")
+    check.shape, check.vocab = "tiny", 300
+    check.cfg = T.TrainConfig(docs_per_step=4, min_span=3, max_span=40)
+    check.batches = {6: synthetic_batch(4, seed=6)}
+    monkeypatch.setattr(gpu_check.Check, "record", lambda self, section, **values: self.results.setdefault(
+        section, {}).update(values))
+    calls, real = [], T.train_step
+
+    def recorded(model, batch, cfg, world=1, scaler=None):
+        calls.append((type(model).__name__, (cfg.dtype, cfg.chunk_tokens, cfg.grad_cache),
+                      torch.backends.cuda.matmul.allow_tf32))
+        return real(model, batch, cfg, world, scaler)
+
+    monkeypatch.setattr(T, "train_step", recorded)
+    gpu_check.ddp(check)
+    bare = [how for kind, how, _ in calls if kind == "ChunkedEncoder"]
+    ddp = [how for kind, how, _ in calls if kind == "DistributedDataParallel"]
+    assert len(ddp) == 2 and sorted(bare) == sorted(ddp)  # each DDP step has a bare twin, plain and GradCache
+    assert {dtype for dtype, _, _ in bare + ddp} == {"fp32"} and not any(tf32 for _, _, tf32 in calls)
+    assert check.results["d"]["passed"]
+
+
+def test_the_gpu_checks_results_go_under_out_where_it_is_set(monkeypatch, tmp_path):
+    """On the lent GPU machine only $OUT comes back: the JSON goes there by default, and gpu_check.sh tees the log
+    there and runs python3 (the machine's image has no `python`)."""
+    gpu_check = bench_script("gpu_check")
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_check.arguments([]).json == str(tmp_path / "gpu_check.json")
+    monkeypatch.delenv("OUT")
+    assert gpu_check.arguments([]).json == str(ROOT / "runs" / "gpu_check.json")
+    shell = (ROOT / "bench" / "gpu_check.sh").read_text()
+    assert 'tee "$OUT/gpu_check.log"' in shell and "command -v python3" in shell
 
 
 @pytest.mark.slow
