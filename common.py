@@ -396,10 +396,11 @@ def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
 # Token rows onto the device: padding, page-locked copies, the next batch made while this one runs, precision
 
 
-def pad_rows(rows, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token id rows of any lengths -> (B, T) int64 ids padded on the right to the longest, and their 0/1 mask."""
+def pad_rows(rows, pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows of any lengths -> (B, T) int64 ids padded on the right to the longest (or to `width`, if wider),
+    and their 0/1 mask."""
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    ids = np.full((len(rows), int(lengths.max(initial=0))), pad_id, dtype=np.int64)
+    ids = np.full((len(rows), max(width, int(lengths.max(initial=0)))), pad_id, dtype=np.int64)
     mask = (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int64)
     if len(rows):
         ids[mask.astype(bool)] = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
@@ -432,21 +433,31 @@ def prefetched(items, work):
 
 
 @dataclass
-class Precision:  # --dtype, one meaning in training, embedding and evaluation
+class Precision:  # train.py's --dtype
     dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it
 
 
 @dataclass
-class OnDevice(Precision):  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
+class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 if the GPU/CPU has it; else GPU fp16, CPU fp32
     device: str = "auto"  # auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...
-    threads: int = bounded(0, 0)  # torch CPU threads; 0: the cores less one (as train.py's)
+    threads: int = bounded(0, 0)  # torch CPU threads; 0: the cores free when it starts (as train.py's)
 
 
-def autocast_dtype(name: str, device: torch.device):
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX, or AVX512-BF16); elsewhere oneDNN emulates it, about 400x
+    slower than fp32 (a 2048^2 matmul on an AVX2-only AMD EPYC: 0.27 against 113 GFLOP/s)."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
     """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
-    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16, loss-scaled), fp32 on a CPU."""
+    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16, loss-scaled); on a CPU, bf16 where it
+    multiplies bf16 in hardware and `cpu_bf16` asks for it (embedding), else fp32 (training)."""
     if name == "auto" and device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    if name == "auto" and cpu_bf16 and cpu_has_bf16():
+        return torch.bfloat16
     return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
@@ -631,11 +642,42 @@ def _step_of(line: str) -> float:
 
 
 def default_threads() -> int:
-    """This rank's share of the cores, less one for data loading and whatever else runs: on a small machine, torch's
-    threads spinning at barriers against a core that another process holds cost dearly (100 demo steps on 2 cores:
-    10 s with 2 threads, 12 s with 1 when alone; 318 s with 2 threads, 12-13 s with 1 beside one busy process)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
+    """This rank's share of the cores that are free when it starts, at least one. torch's threads meet at a barrier
+    after every operation, so one that shares its core with a busy process makes the others wait for it: on 2 cores
+    beside one busy process, 2 threads ran at 0.4 of their idle speed and 1 thread at 0.6 of it; alone, 2 threads are
+    1.9x 1 (all-MiniLM-L6-v2 in bf16, docs/measurements.md). A core counts as free when it was idle at least 3/4 of
+    the moment measured."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return max(1, int(free_cores(cpus) + 0.25) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def free_cores(cpus, seconds: float = 0.1) -> float:
+    """How many of these CPUs sat idle over the next `seconds` (this process sleeps meanwhile), by /proc/stat; all
+    of them where that cannot be read (not Linux)."""
+    try:
+        before = _cpu_times(cpus)
+        time.sleep(seconds)
+        after = _cpu_times(cpus)
+    except (OSError, ValueError, KeyError):
+        return float(len(cpus))
+    free = 0.0
+    for cpu in cpus:
+        idle, total = (a - b for a, b in zip(after[cpu], before[cpu], strict=True))
+        free += idle / total if total > 0 else 1.0
+    return free
+
+
+def _cpu_times(cpus) -> dict[int, tuple[int, int]]:
+    """{cpu: (idle ticks, all ticks)} since boot: /proc/stat's cpuN lines (user, nice, system, idle, iowait, irq,
+    softirq, steal, ...)."""
+    times = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *ticks = line.split()
+            if name.startswith("cpu") and name[3:].isdigit():
+                ticks = [int(t) for t in ticks[:8]]
+                times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return {cpu: times[cpu] for cpu in cpus}
 
 
 @contextlib.contextmanager

@@ -34,12 +34,14 @@ from common import (
     bounded,
     choice,
     cli,
+    cpu_has_bf16,
     cpu_threads,
     json_text,
     pad_rows,
     parse_config,
     pick_device,
     prefetched,
+    say,
     to_device,
     write_atomic,
 )
@@ -123,6 +125,23 @@ def embed_tokenized(tokenized: Tokenized, model, tok, **how) -> np.ndarray:
         model.train(training)
 
 
+def shape_multiples(device: torch.device, dtype) -> tuple[int, int]:
+    """(width, tokens): what a batch's width and the count of tokens its token-wise layers run on are rounded up to.
+    oneDNN builds a bf16 kernel for every new shape a CPU meets (about 10 ms each here, against 6 ms to run one), and
+    the real tokens of a batch are a new count almost every time: on a CPU in bf16, widths of 8 and counts of 64
+    leave few shapes (14% more sentences/s, docs/measurements.md). fp32 and GPUs need none."""
+    return (8, 64) if device.type == "cpu" and dtype == torch.bfloat16 else (1, 1)
+
+
+def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
+    """The flat positions the token-wise layers run on: the real tokens', then as many padding positions as make
+    their count a multiple of `multiple`, where the batch has that much padding (pooling leaves them out)."""
+    real = nonpad_positions(lengths, T)
+    extra = -len(real) % multiple
+    padding = np.flatnonzero(np.arange(T)[None] >= np.asarray(lengths)[:, None])[:extra]
+    return np.sort(np.concatenate([real, padding])) if extra and len(padding) == extra else real
+
+
 @torch.inference_mode()
 def _embed(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
            dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
@@ -130,26 +149,30 @@ def _embed(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize
     page-locked memory while the GPU still works on the one before, and stays there."""
     device, pieces, owner = next(model.parameters()).device, tokenized.pieces, tokenized.owner
     batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
+    width, tokens = shape_multiples(device, dtype)
     pad = special_ids(tok)["pad"]
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     left = np.bincount(owner, minlength=tokenized.n_texts)  # windows left per text
     i = 0
-    while i < len(order):
-        T = len(pieces[order[i]])
-        j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-        ids, mask = pad_rows([pieces[k] for k in order[i:j]], pad)
-        lengths = mask.sum(1)
-        nonpad = to_device(nonpad_positions(lengths, T), device) if lengths.min() < T else None
-        ids, mask = to_device(ids, device), to_device(mask, device)
-        with autocast(dtype, device):
+    # One autocast region for all the batches: its weights are cast to bf16 once, not for every batch
+    with autocast(dtype, device):
+        while i < len(order):
+            longest = len(pieces[order[i]])  # rounded up to the width's multiple, as far as the positions go
+            T = min(-(-longest // width) * width, max(longest, model.config.max_tokens))
+            j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
+            ids, mask = pad_rows([pieces[k] for k in order[i:j]], pad, width=T)
+            lengths = mask.sum(1)
+            nonpad = to_device(token_positions(lengths, T, tokens), device) if lengths.min() < T else None
+            ids, mask = to_device(ids, device), to_device(mask, device)
             h = model(ids, mask if nonpad is not None else None, nonpad=nonpad)  # (rows, T, H)
-            out.index_copy_(0, to_device(order[i:j], device), mean_pool(h, mask).float())
-        if progress:
-            texts = owner[order[i:j]]
-            np.subtract.at(left, texts, 1)
-            progress(int((left[np.unique(texts)] == 0).sum()), j - i)
-        i = j
+            # Pooling in fp32, whatever the encoder ran in
+            out.index_copy_(0, to_device(order[i:j], device), mean_pool(h.float(), mask))
+            if progress:
+                texts = owner[order[i:j]]
+                np.subtract.at(left, texts, 1)
+                progress(int((left[np.unique(texts)] == 0).sum()), j - i)
+            i = j
     out = out.cpu().numpy()
     if len(pieces) != tokenized.n_texts:  # --long chunk: a text's embedding is the mean of its windows
         sums = np.zeros((tokenized.n_texts, out.shape[1]), dtype=np.float64)
@@ -214,11 +237,15 @@ def check_paths(cfg: EmbedConfig, out: Path):
 
 def device_and_dtype(device: str, dtype: str):
     """--device and --dtype, for embed.py and evaluate_sts.py alike: an STS score is the score of the embeddings that
-    embed.py writes. auto: fp32 on a CPU, bf16 on a GPU that has it, else fp16."""
+    embed.py writes. auto: bf16 on a GPU that has it, else fp16; bf16 on a CPU that multiplies it in hardware (AMX or
+    AVX512-BF16: 2-3x fp32's speed, cosine to fp32 above 0.9999), else fp32."""
     device = pick_device(device)
-    if dtype not in ("auto", "fp32") and device.type == "cpu":
-        raise UserError(f"--dtype {dtype} is for GPUs; on a CPU embeddings are computed in fp32")
-    return device, autocast_dtype(dtype, device)
+    if dtype == "fp16" and device.type == "cpu":
+        raise UserError("--dtype fp16 is for GPUs; on a CPU embeddings are computed in bf16 or fp32")
+    if dtype == "bf16" and device.type == "cpu" and not cpu_has_bf16():
+        say("warning: --dtype bf16: this CPU has neither AMX nor AVX512-BF16, so bf16 is emulated, about 400x slower "
+            "than fp32 in matrix products; --dtype auto picks fp32 here", file=sys.stderr)
+    return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
 def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progress):

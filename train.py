@@ -77,7 +77,7 @@ class TrainConfig(sampler.SamplerConfig, common.Precision):  # --dtype, the samp
     eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
     ckpt_every: int = bounded(500, 1)
     keep_ckpts: int = bounded(2, 1)  # the newest checkpoints kept
-    threads: int = bounded(0, 0)  # torch CPU threads per rank; 0: this rank's share of the cores, less one
+    threads: int = bounded(0, 0)  # torch CPU threads per rank; 0: its share of the cores free when it starts
 
     def validate(self):
         super().validate()
@@ -614,7 +614,7 @@ def setup(cfg: TrainConfig, given: set, proc: common.Process) -> Run:
         common.say(f"resuming at step {run.step} from {run.latest_checkpoint}")
     if pairs:  # scored as embed.py would embed on this device (its --dtype auto)
         run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs,
-                                         dtype=common.autocast_dtype("auto", device))
+                                         dtype=common.autocast_dtype("auto", device, cpu_bf16=True))
     common.say(f"training {cfg.model} on {world} process(es), {device.type}: {total} steps of {cfg.docs_per_step} "
                f"documents, {total / batches.steps_per_epoch:.1f} passes over its {len(batches.docs):,} documents")
     return run

@@ -1,11 +1,24 @@
 """
-embed.py's speed against sentence-transformers' encode (batch 32, its defaults) on the same model and texts, and
-its peak memory on inputs of 100,000 and 1,000,000 lines.
+embed.py against sentence-transformers on a CPU, side by side in one run: each arm one whole process (start, model
+load, tokenising, embedding, writing the rows) on the same lines, the arms alternating, median of --repeats. Per arm:
+sentences/s, peak memory, the lowest cosine of its rows to sentence-transformers' fp32 rows, and the STS-B dev score
+of its embeddings; then embed.py's default beside one busy process against alone. Names the processor it ran on.
 
-    python bench/embed_speed.py                        # MiniLM on the 3,000 STS-B dev sentences, CPU
-    python bench/embed_speed.py --lines 1000000 --shared /path/to/shared
+    python bench/embed_speed.py --backends-python ~/venvs/backends/bin/python    # every arm, about 45 min on 2 cores
+    python bench/embed_speed.py --lines 11498 --repeats 1                         # quicker
+    python bench/embed_speed.py --memory 1000000    # peak memory of embed.py over 100,000 and 1,000,000 lines
+
+Arms: embed.py by default (--dtype auto: bf16 on a CPU with AMX or AVX512-BF16, else fp32; --threads: the cores free
+at its start), in fp32, and in bf16 where the CPU multiplies it; sentence-transformers' encode with its defaults
+(batch 32, fp32), with bf16 weights, and, with --backends-python (a virtual environment made from
+bench/requirements-backends.txt), its ONNX backend in fp32 and its int8 model dynamically quantised for this
+processor's instruction set, and OpenVINO where it installs. The lines: STS-B train's sentences, both of each pair,
+four times over (45,992 lines, as a file of duplicates would be).
 """
 import argparse
+import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -14,77 +27,178 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import embed as E  # noqa: E402
-import model as M  # noqa: E402
+from evaluate_sts import read_stsb, spearman  # noqa: E402
 
 
-def peak_rss_mb(cmd) -> tuple[float, float]:
-    """(seconds, peak resident MB) of one command, from the kernel's accounting in a fresh parent of its own."""
-    probe = "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); " \
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-    t = time.perf_counter()
-    kb = subprocess.run([sys.executable, "-c", probe, *cmd], check=True, capture_output=True, text=True).stdout
-    return time.perf_counter() - t, int(kb) / 1024
+def measured(cmd, busy: bool = False) -> tuple[float, float]:
+    """(seconds, peak resident MB) of one command, beside one busy process if asked; the peak from the kernel's
+    accounting in a parent of its own."""
+    probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+             "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+             "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        if busy:
+            time.sleep(0.5)  # already busy when the command starts
+        out = subprocess.run([sys.executable, "-c", probe, *map(str, cmd)], check=True, capture_output=True, text=True)
+    finally:
+        if spinner:
+            spinner.kill()
+            spinner.wait()
+    seconds, kb = out.stdout.split()
+    return float(seconds), int(kb) / 1024
+
+
+def processor() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(info.split())
+    units = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
+    return f"{name}, {len(os.sched_getaffinity(0))} cores ({', '.join(units)})"
+
+
+def arms(a, model: Path, exported: Path | None, has_bf16: bool) -> dict[str, callable]:
+    """name -> (input, output) -> the command."""
+    ours = [sys.executable, str(ROOT / "embed.py"), "--model", str(model)]
+    st = str(ROOT / "bench" / "st_encode.py")
+    out = {"embed.py, default": lambda i, o: [*ours, i, "--output", o, "--overwrite"],
+           "embed.py --dtype fp32": lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "fp32"]}
+    if has_bf16:
+        out["embed.py --dtype bf16"] = lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "bf16"]
+    out["sentence-transformers, default (fp32)"] = lambda i, o: [a.st_python, st, "encode", model, i, o]
+    out["sentence-transformers, bf16"] = lambda i, o: [a.st_python, st, "encode", model, i, o, "--bf16"]
+    if exported:
+        back = [a.backends_python, st, "encode", exported]
+        out["sentence-transformers, ONNX fp32"] = lambda i, o: [*back, i, o, "--backend", "onnx"]
+        out["sentence-transformers, ONNX int8"] = lambda i, o: [*back, i, o, "--backend", "onnx", "--int8"]
+        if (exported / "openvino").exists():
+            out["sentence-transformers, OpenVINO"] = lambda i, o: [*back, i, o, "--backend", "openvino"]
+    return out
+
+
+def side_by_side(a, d: Path):
+    import torch
+
+    import common
+
+    shared, has_bf16 = Path(a.shared), common.cpu_has_bf16()
+    model = shared / "models" / "all-MiniLM-L6-v2"
+    rows = (shared / "data/sts/stsbenchmark/sts-train.csv").read_text(encoding="utf-8").splitlines()
+    train = [s for r in rows for s in r.split("\t")[5:7]]
+    lines = d / "lines.txt"
+    lines.write_text("\n".join((train * 4)[:a.lines]) + "\n", encoding="utf-8")
+    n = min(a.lines, 4 * len(train))
+    s1, s2, gold = read_stsb(shared / "data/sts/stsbenchmark/sts-dev.csv")
+    dev = d / "dev.txt"
+    dev.write_text("\n".join(s1 + s2) + "\n", encoding="utf-8")
+    exported = None
+    if a.backends_python:  # the ONNX and OpenVINO models, made once, offline, in a copy of the model
+        exported = d / "exported"
+        shutil.copytree(model, exported)
+        subprocess.run([a.backends_python, str(ROOT / "bench" / "st_encode.py"), "prepare", str(exported)], check=True)
+    runs = arms(a, model, exported, has_bf16)
+    print(f"{processor()}; torch {torch.__version__}; {n:,} lines (STS-B train x 4); whole process each, "
+          f"median of {a.repeats} alternating runs\n", flush=True)
+    seconds, peak = {k: [] for k in runs}, {}
+    for _ in range(a.repeats):
+        for name, cmd in runs.items():
+            s, mb = measured(cmd(lines, d / f"{len(peak)}.npy"))
+            seconds[name].append(s)
+            peak[name] = max(peak.get(name, 0), mb)
+            print(f"  {name}: {n / s:,.0f} sentences/s", flush=True)
+            peak.setdefault(name, mb)
+    # Quality: the last run's rows against sentence-transformers' fp32 rows, and the STS-B dev score
+    reference = runs["sentence-transformers, default (fp32)"]
+    subprocess.run(reference(lines, d / "ref.npy"), check=True, capture_output=True)
+    ref = np.load(d / "ref.npy")
+    table = []
+    st_rate = n / statistics.median(seconds["sentence-transformers, default (fp32)"])
+    for name, cmd in runs.items():
+        subprocess.run(cmd(lines, d / "rows.npy"), check=True, capture_output=True)
+        e = np.load(d / "rows.npy")
+        cos = (e * ref).sum(1) / np.linalg.norm(e, axis=1) / np.linalg.norm(ref, axis=1)
+        subprocess.run(cmd(dev, d / "dev.npy"), check=True, capture_output=True)
+        v = np.load(d / "dev.npy")
+        pairs = (v[:len(s1)] * v[len(s1):]).sum(1) / np.linalg.norm(v[:len(s1)], axis=1) / np.linalg.norm(
+            v[len(s1):], axis=1)
+        rate = n / statistics.median(seconds[name])
+        spread = f"{n / max(seconds[name]):,.0f}–{n / min(seconds[name]):,.0f}"
+        table.append(dict(arm=name, sentences_per_s=round(rate), range=spread, ratio=round(rate / st_rate, 2),
+                          lowest_cosine=float(cos.min()), stsb_dev=round(100 * spearman(pairs, gold), 2),
+                          peak_mb=round(peak[name])))
+    print("\n| arm | sentences/s (range) | × sentence-transformers' default | lowest cosine to its fp32 rows | "
+          "STS-B dev | peak MB |\n|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['arm']} | {r['sentences_per_s']:,} ({r['range']}) | {r['ratio']:.2f} | {r['lowest_cosine']:.6f} | "
+              f"{r['stsb_dev']:.2f} | {r['peak_mb']:,} |")
+    return n, lines, runs, table
+
+
+def beside_busy(a, n: int, lines: Path, runs: dict, d: Path) -> list:
+    """embed.py's default (threads: the free cores) and torch's own (all the cores), alone and beside one busy
+    process, alternating."""
+    cores = len(os.sched_getaffinity(0))
+    ours = runs["embed.py, default"]
+    cases = {"default, alone": (ours, False), "default, beside one busy process": (ours, True),
+             f"--threads {cores} (torch's own), beside one busy process": (
+                 lambda i, o: [*ours(i, o), "--threads", str(cores)], True)}
+    rates = {k: [] for k in cases}
+    for _ in range(a.repeats):
+        for name, (cmd, busy) in cases.items():
+            rates[name].append(n / measured(cmd(lines, d / "busy.npy"), busy)[0])
+    alone = statistics.median(rates["default, alone"])
+    print("\n| embed.py | sentences/s (range) | of the default alone |\n|---|---|---|")
+    out = []
+    for name, r in rates.items():
+        med = statistics.median(r)
+        out.append(dict(case=name, sentences_per_s=round(med), of_alone=round(med / alone, 2)))
+        print(f"| {name} | {med:,.0f} ({min(r):,.0f}–{max(r):,.0f}) | {med / alone:.2f} |")
+    return out
+
+
+def memory(a, d: Path):
+    """Peak memory of embed.py over 100,000 and --memory lines: a tiny scratch model (quick enough for a million
+    lines on a CPU); the point is what grows."""
+    import model as M
+
+    rows = (Path(a.shared) / "data/sts/stsbenchmark/sts-dev.csv").read_text(encoding="utf-8").splitlines()
+    texts = [s for r in rows for s in r.split("\t")[5:7]]
+    m, t = M.from_scratch("tiny", texts * 3)
+    M.save_pretrained(m, t, d / "tiny")
+    print("| input | seconds | peak resident MB (embed.py process) | output |\n|---|---|---|---|")
+    for n in (100_000, a.memory):
+        src = d / f"lines-{n}.txt"
+        with open(src, "w") as f:
+            for i in range(n):
+                f.write(texts[i % len(texts)] + "\n")
+        sec, mb = measured([sys.executable, ROOT / "embed.py", "--model", d / "tiny", src, "--output", d / "out.npy",
+                            "--overwrite"])
+        shape = np.load(d / "out.npy", mmap_mode="r").shape
+        print(f"| {n:,} lines | {sec:.0f} | {mb:,.0f} | {shape[0]:,} x {shape[1]} float32, "
+              f"{shape[0] * shape[1] * 4 / 2**20:,.0f} MB on disk |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--lines", type=int, default=45_992)
+    ap.add_argument("--st-python", default=sys.executable, help="Python with sentence-transformers (its torch arms)")
+    ap.add_argument("--backends-python", default="", help="Python of bench/requirements-backends.txt (ONNX, OpenVINO)")
+    ap.add_argument("--json", default="", help="also write the tables here")
+    ap.add_argument("--memory", type=int, default=0, help="instead: peak memory over 100,000 and this many lines")
     a = ap.parse_args()
-    from sentence_transformers import SentenceTransformer
-    shared = Path(a.shared)
-    minilm = shared / "models/all-MiniLM-L6-v2"
-    rows = (shared / "data/sts/stsbenchmark/sts-dev.csv").read_text(encoding="utf-8").splitlines()
-    texts = [s for r in rows for s in r.split("\t")[5:7]]  # 3,000 sentences, duplicates kept
-    st = SentenceTransformer(str(minilm), device="cpu")
-    model, tok = M.load_pretrained(str(minilm), quiet=True)
-    E.encode(texts[:64], model, tok)  # warm-up
-    st.encode(texts[:64])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; all-MiniLM-L6-v2, {len(texts):,} STS-B dev "
-          f"sentences, fp32 CPU, median of {a.repeats} alternating runs\n")
-    print("| encoder | sentences/s | ratio to sentence-transformers |")
-    print("|---|---|---|")
-    ts, ours = [], {b: [] for b in (1024, 2048, 4096, 8192)}
-    for _ in range(a.repeats):
-        t = time.perf_counter()
-        ref = st.encode(texts, batch_size=32)
-        ts.append(time.perf_counter() - t)
-        for b in ours:
-            t = time.perf_counter()
-            emb = E.encode(texts, model, tok, batch_tokens=b)
-            ours[b].append(time.perf_counter() - t)
-    base = len(texts) / statistics.median(ts)
-    print(f"| sentence-transformers encode, batch 32 | {base:,.0f} | 1.00 |")
-    for b, t in ours.items():
-        rate = len(texts) / statistics.median(t)
-        default = " (default)" if b == 2048 else ""
-        print(f"| embed.encode, batches of {b:,} tokens{default} | {rate:,.0f} | {rate / base:.2f} |")
-    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
-    print(f"\nlowest cosine between the two, over all rows: {cos.min():.7f}")
-
-    # Peak memory: a tiny scratch model (fast enough for a million lines on a CPU); the point is what grows.
-    with tempfile.TemporaryDirectory() as d:
-        m, t = M.from_scratch("tiny", texts * 3)
-        M.save_pretrained(m, t, d + "/tiny")
-        print("\n| input | seconds | peak resident MB (embed.py process) | output |")
-        print("|---|---|---|---|")
-        for n in (100_000, a.lines):
-            src = Path(d) / f"lines-{n}.txt"
-            with open(src, "w") as f:
-                for i in range(n):
-                    f.write(texts[i % len(texts)] + "\n")
-            sec, mb = peak_rss_mb([sys.executable, str(ROOT / "embed.py"), "--model", d + "/tiny", str(src),
-                                   "--output", d + f"/out-{n}.npy"])
-            shape = np.load(d + f"/out-{n}.npy", mmap_mode="r").shape
-            print(f"| {n:,} lines | {sec:.0f} | {mb:,.0f} | {shape[0]:,} x {shape[1]} float32, "
-                  f"{shape[0] * shape[1] * 4 / 2**20:,.0f} MB on disk |")
-            (Path(d) / f"out-{n}.npy").unlink()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        if a.memory:
+            return memory(a, d)
+        n, lines, runs, table = side_by_side(a, d)
+        busy = beside_busy(a, n, lines, runs, d)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"processor": processor(), "arms": table, "busy": busy}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

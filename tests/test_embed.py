@@ -77,13 +77,66 @@ def test_cli_matches_sentence_transformers(tmp_path):
     texts = stsb_sentences(400)
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
     r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(model), str(tmp_path / "in.txt"),
-                        "--output", str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=300)
+                        "--output", str(tmp_path / "out.npy"), "--dtype", "fp32"], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     emb = np.load(tmp_path / "out.npy")
     ref = st.SentenceTransformer(str(model), device="cpu").encode(texts)
     assert emb.dtype == np.float32 and emb.shape == ref.shape
     cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
     assert cos.min() >= 0.99999
+
+
+def test_auto_dtype_on_a_cpu_is_what_the_processor_multiplies(monkeypatch, capsys):
+    """--dtype auto on a CPU (embed.py, evaluate_sts.py): bf16 where torch reports AMX or AVX512-BF16, fp32
+    elsewhere (both faked here); training's auto stays fp32 on any CPU. bf16 by hand on a CPU with neither runs, with
+    one line saying it is emulated; fp16 is a GPU's."""
+    import common
+
+    cpu = torch.device("cpu")
+    for amx, avx512_bf16, want in ((True, True, torch.bfloat16), (True, False, torch.bfloat16),
+                                   (False, True, torch.bfloat16), (False, False, None)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        assert E.device_and_dtype("cpu", "auto") == (cpu, want)
+        assert E.device_and_dtype("cpu", "fp32") == (cpu, None)
+        assert common.autocast_dtype("auto", cpu) is None  # train.py's
+    assert capsys.readouterr().err == ""
+    assert E.device_and_dtype("cpu", "bf16") == (cpu, torch.bfloat16)  # by hand, without the hardware
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: --dtype bf16: this CPU has neither AMX nor AVX512-BF16")
+    assert "emulated, about 400x slower than fp32" in err
+    with pytest.raises(common.UserError, match="--dtype fp16 is for GPUs"):
+        E.device_and_dtype("cpu", "fp16")
+
+
+def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
+    """bf16 on any CPU (emulated where it lacks the hardware: a tiny model keeps it quick): float32 rows whose cosine
+    to the one-at-a-time fp32 loop is at least 0.9999, the long and short texts of one call batched together."""
+    model, tok = M.load_pretrained(str(tiny))
+    texts = ["the cat sat", "a dog barked at the moon " * 9, "", "the mat " * 30, "moon"] * 3
+    emb = E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=256)
+    ref = naive(texts, model, tok)
+    assert emb.dtype == np.float32 and emb.shape == ref.shape
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.9999, cos.min()
+
+
+def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
+    """Batches as wide as a multiple of 8 and token counts a multiple of 64 (a CPU's bf16 shapes), here in fp32:
+    the naive loop's embeddings; the extra positions are padding, and every real one is among them."""
+    lengths, T = np.array([5, 3, 8, 1]), 8
+    for multiple in (1, 4, 16, 64):
+        positions = E.token_positions(lengths, T, multiple)
+        real = M.nonpad_positions(lengths, T)
+        assert set(real) <= set(positions) and len(set(positions)) == len(positions)
+        assert len(positions) % multiple == 0 or len(positions) == len(real)  # too little padding to round up
+        assert (np.sort(positions) == positions).all()
+    assert len(E.token_positions(lengths, T, 4)) == 20 and len(E.token_positions(lengths, T, 64)) == 17
+    model, tok = M.load_pretrained(str(tiny))
+    texts = ["the cat sat", "a dog barked at the moon " * 9, "the mat " * 30, "moon", "sat on the mat"] * 4
+    monkeypatch.setattr(E, "shape_multiples", lambda device, dtype: (8, 64))
+    np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=200), naive(texts, model, tok), atol=1e-5)
 
 
 def run(*args, stdin=None):
@@ -96,13 +149,14 @@ def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6})
                                       + "\n")
     r = run("--model", tiny, tmp_path / "a.txt", tmp_path / "b.jsonl", "-", "--output", tmp_path / "o.npy",
-            "--block", "2", stdin="seventh\n")
+            "--block", "2", "--dtype", "fp32", stdin="seventh\n")
     assert r.returncode == 0, r.stderr
     emb = np.load(tmp_path / "o.npy")
     model, tok = M.load_pretrained(str(tiny))
     texts = ["first", "", "third line", "fourth", "fifth", "sixth", "seventh"]
     np.testing.assert_allclose(emb, naive(texts, model, tok), atol=1e-5)
-    r = run("--model", tiny, tmp_path / "a.txt", "--output", tmp_path / "o.jsonl", "--format", "jsonl", "--normalize")
+    r = run("--model", tiny, tmp_path / "a.txt", "--output", tmp_path / "o.jsonl", "--format", "jsonl", "--normalize",
+            "--dtype", "fp32")
     rows = [json.loads(line)["embedding"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and abs(np.linalg.norm(rows[2]) - 1) < 1e-5
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)

@@ -87,7 +87,7 @@ def test_sick_layouts(tmp_path):
 
 
 def test_minilm_on_stsb_dev(tmp_path, capsys):
-    E.main(["--model", str(minilm()), "--data", str(stsb_dev().parent), "--split", "dev",
+    E.main(["--model", str(minilm()), "--data", str(stsb_dev().parent), "--split", "dev", "--dtype", "fp32",
             "--json", str(tmp_path / "r.json")])
     r = json.loads((tmp_path / "r.json").read_text())
     assert abs(r["STSB"]["spearman"] - 86.72) <= 0.05 and r["STSB"]["n"] == 1500  # sentence-transformers' figure
@@ -97,7 +97,7 @@ def test_minilm_on_stsb_dev(tmp_path, capsys):
 
 def test_minilm_on_sick_trial(tmp_path):
     trial = need(SHARED / "data" / "sts" / "sick" / "SICK_trial.txt")
-    E.main(["--model", str(minilm()), "--data", str(trial.parent), "--split", "dev",
+    E.main(["--model", str(minilm()), "--data", str(trial.parent), "--split", "dev", "--dtype", "fp32",
             "--json", str(tmp_path / "r.json")])
     r = json.loads((tmp_path / "r.json").read_text())
     assert abs(r["SICKR"]["spearman"] - 79.80) <= 0.05 and r["SICKR"]["n"] == 500  # sentence-transformers' figure

@@ -521,11 +521,31 @@ def test_torchrun_without_mlm_does_not_hang(tmp_path, docs, reap):
     assert [s for s, *_ in trace(tmp_path / "m")] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("cores, local_world, want", [(2, 1, 1), (1, 1, 1), (16, 1, 15), (16, 4, 3)])
-def test_default_threads_leave_a_core(monkeypatch, cores, local_world, want):
+@pytest.mark.parametrize("cores, busy, local_world, want", [
+    (2, [0, 0], 1, 2), (2, [1, 0], 1, 1), (2, [1, 1], 1, 1), (1, [0], 1, 1), (2, [0.5, 0], 1, 1),
+    (2, [0.2, 0], 1, 2), (16, [0] * 16, 1, 16), (16, [1] + [0] * 15, 4, 3), (16, [0] * 16, 4, 4)])
+def test_default_threads_are_the_free_cores(monkeypatch, cores, busy, local_world, want):
+    """Each CPU's share of busy ticks (from /proc/stat, faked here) over the moment measured: a core counts as free
+    when it was idle at least 3/4 of it; under torchrun each rank takes its share of the free ones."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    reads = iter([{c: (0, 0) for c in range(cores)}, {c: (round(100 * (1 - b)), 100) for c, b in enumerate(busy)}])
+    monkeypatch.setattr(C, "_cpu_times", lambda cpus: next(reads))
     assert C.default_threads() == want
+
+
+def test_default_threads_leave_the_core_a_busy_process_holds():
+    """Read from this machine's /proc/stat: beside a process that spins on a core, fewer threads than cores (alone,
+    as many as the cores that are idle)."""
+    cores = len(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert C.default_threads() <= max(1, cores - 1)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert C.free_cores(list(range(cores)), seconds=0.2) <= cores
 
 
 def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
