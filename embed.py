@@ -13,6 +13,7 @@ budget, so little compute goes to padding, then written back in input order.
     from embed import encode
     vectors = encode(["A man plays a guitar.", "Someone plays music."], model, tok)   # (2, hidden) float32
 """
+import contextlib
 import json
 import os
 import shutil
@@ -25,32 +26,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import (
+from model import load_pretrained, mean_pool, nonpad_positions
+from support.cli import Progress, UserError, bounded, choice, cli, parse_config, say
+from support.corpus import read_lines
+from support.device import (
     OnDevice,
-    Progress,
-    UserError,
     autocast,
     autocast_dtype,
-    bounded,
-    choice,
-    cli,
     cpu_has_bf16,
     cpu_threads,
-    json_text,
     pad_rows,
-    parse_config,
+    padding_mask,
     pick_device,
     prefetched,
-    say,
     to_device,
-    write_atomic,
 )
-from hub import special_ids
-from model import load_pretrained, mean_pool, nonpad_positions
+from support.files import write_atomic
+from support.hub import special_ids
 
 
 @dataclass
-class EmbedConfig(OnDevice):  # --device and --dtype (common.OnDevice), then these
+class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.OnDevice), then these
     model: str = ""  # hub id or local Hugging Face directory
     inputs: list = field(default_factory=list)  # .txt (a text a line, empty lines too), .jsonl (field text), - (stdin)
     output: str = "embeddings.npy"  # written under a temporary name, renamed when complete
@@ -114,15 +110,77 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
                            batch_tokens=batch_tokens, normalize=normalize, dtype=dtype, progress=progress)
 
 
-def embed_tokenized(tokenized: Tokenized, model, tok, **how) -> np.ndarray:
-    """encode() after tokenize(), with dropout off (as sentence-transformers' encode): a model in training mode
-    would give other embeddings each call. Its mode is put back afterwards."""
+@torch.inference_mode()
+def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
+                    dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
+    """encode() after tokenize(). Dropout is off, as in sentence-transformers' encode (a model in training mode would
+    embed differently each call), and the model's mode is put back afterwards. On a GPU nothing here waits for the
+    GPU but the one copy back at the end: each batch goes in from page-locked memory while the GPU still works on
+    the one before, and stays there."""
+    device, pieces = next(model.parameters()).device, tokenized.pieces
+    pad, width, tokens = special_ids(tok)["pad"], *shape_multiples(device, dtype)
+    out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
+    finished = Finished(tokenized, progress)
+    # One autocast region for all the batches: its weights are cast to bf16 once, not for every batch
+    with eval_mode(model), autocast(dtype, device):
+        for rows, T in length_batches(pieces, batch_tokens or (65536 if device.type == "cuda" else 2048), width,
+                                      model.config.max_tokens):
+            # The batch's pieces padded to T, and the positions its token-wise layers run on (model.Encoder)
+            ids, mask = pad_rows([pieces[k] for k in rows], pad, width=T)
+            lengths = mask.sum(1)
+            nonpad = to_device(token_positions(lengths, T, tokens), device) if lengths.min() < T else None
+            ids, mask = to_device(ids, device), to_device(mask, device)
+            h = model(ids, mask if nonpad is not None else None, nonpad=nonpad)  # (rows, T, H)
+            # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
+            out.index_copy_(0, to_device(rows, device), mean_pool(h.float(), mask))
+            finished(rows)
+    out = out.cpu().numpy()
+    if len(pieces) != tokenized.n_texts:  # --long chunk: a text's embedding is the mean of its windows
+        sums = np.zeros((tokenized.n_texts, out.shape[1]), dtype=np.float64)
+        np.add.at(sums, tokenized.owner, out)
+        out = (sums / np.bincount(tokenized.owner, minlength=tokenized.n_texts)[:, None]).astype(np.float32)
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out
+
+
+def length_batches(pieces, budget: int, width: int, max_tokens: int):
+    """(rows, T): the pieces longest first, in batches of at most `budget` padded tokens (the longest piece alone if it
+    is over), T the batch's width rounded up to a multiple of `width` as far as the model's positions go. Longest
+    first: a batch that does not fit in memory fails at once."""
+    order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]
+    i = 0
+    while i < len(order):
+        longest = len(pieces[order[i]])
+        T = min(-(-longest // width) * width, max(longest, max_tokens))
+        j = min(len(order), i + max(1, budget // T))  # the first is the longest: rows x T <= budget
+        yield order[i:j], T
+        i = j
+
+
+@contextlib.contextmanager
+def eval_mode(model):
     training = model.training
     model.eval()
     try:
-        return _embed(tokenized, model, tok, **how)
+        yield
     finally:
         model.train(training)
+
+
+class Finished:
+    """Tells progress(texts, windows), after each batch, how many texts it finished (a text is finished once all its
+    windows are) and how many windows ran."""
+
+    def __init__(self, tokenized: Tokenized, progress):
+        self.owner, self.progress = tokenized.owner, progress
+        self.left = np.bincount(tokenized.owner, minlength=tokenized.n_texts)  # windows left per text
+
+    def __call__(self, rows: np.ndarray):
+        if self.progress:
+            texts = self.owner[rows]
+            np.subtract.at(self.left, texts, 1)
+            self.progress(int((self.left[np.unique(texts)] == 0).sum()), len(rows))
 
 
 def shape_multiples(device: torch.device, dtype) -> tuple[int, int]:
@@ -138,80 +196,18 @@ def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
     their count a multiple of `multiple`, where the batch has that much padding (pooling leaves them out)."""
     real = nonpad_positions(lengths, T)
     extra = -len(real) % multiple
-    padding = np.flatnonzero(np.arange(T)[None] >= np.asarray(lengths)[:, None])[:extra]
+    padding = np.flatnonzero(~padding_mask(lengths, T))[:extra]
     return np.sort(np.concatenate([real, padding])) if extra and len(padding) == extra else real
-
-
-@torch.inference_mode()
-def _embed(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
-           dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
-    """On a GPU nothing here waits for the GPU but the one copy back at the end: each batch goes in from
-    page-locked memory while the GPU still works on the one before, and stays there."""
-    device, pieces, owner = next(model.parameters()).device, tokenized.pieces, tokenized.owner
-    batch_tokens = batch_tokens or (65536 if device.type == "cuda" else 2048)
-    width, tokens = shape_multiples(device, dtype)
-    pad = special_ids(tok)["pad"]
-    order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]  # longest first: the worst batch fails early
-    out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
-    left = np.bincount(owner, minlength=tokenized.n_texts)  # windows left per text
-    i = 0
-    # One autocast region for all the batches: its weights are cast to bf16 once, not for every batch
-    with autocast(dtype, device):
-        while i < len(order):
-            longest = len(pieces[order[i]])  # rounded up to the width's multiple, as far as the positions go
-            T = min(-(-longest // width) * width, max(longest, model.config.max_tokens))
-            j = min(len(order), i + max(1, batch_tokens // T))  # the first is the longest: rows x T <= budget
-            ids, mask = pad_rows([pieces[k] for k in order[i:j]], pad, width=T)
-            lengths = mask.sum(1)
-            nonpad = to_device(token_positions(lengths, T, tokens), device) if lengths.min() < T else None
-            ids, mask = to_device(ids, device), to_device(mask, device)
-            h = model(ids, mask if nonpad is not None else None, nonpad=nonpad)  # (rows, T, H)
-            # Pooling in fp32, whatever the encoder ran in
-            out.index_copy_(0, to_device(order[i:j], device), mean_pool(h.float(), mask))
-            if progress:
-                texts = owner[order[i:j]]
-                np.subtract.at(left, texts, 1)
-                progress(int((left[np.unique(texts)] == 0).sum()), j - i)
-            i = j
-    out = out.cpu().numpy()
-    if len(pieces) != tokenized.n_texts:  # --long chunk: a text's embedding is the mean of its windows
-        sums = np.zeros((tokenized.n_texts, out.shape[1]), dtype=np.float64)
-        np.add.at(sums, owner, out)
-        out = (sums / np.bincount(owner, minlength=tokenized.n_texts)[:, None]).astype(np.float32)
-    if normalize:
-        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return out
 
 
 # -----------------------------------------------------------------------------------------------
 # Files in, rows out, in blocks.
 
 
-def read_texts(path: Path, stdin_copy: Path | None = None):
-    """Yield the texts of one input in order; a clear UserError for what cannot be read."""
-    src = stdin_copy if str(path) == "-" else path
-    name = "stdin" if str(path) == "-" else str(path)
-    try:
-        with open(src, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
-                except UnicodeDecodeError as e:
-                    raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
-                if not name.endswith(".jsonl"):
-                    yield line
-                elif line.strip():
-                    if (text := json_text(line)) is None:
-                        raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
-                    yield text
-    except OSError as e:
-        raise UserError(f"{name}: cannot read ({e.strerror})") from None
-
-
 def _blocks(cfg, stdin_copy):
     block = []
     for path in cfg.inputs:
-        for text in read_texts(Path(path), stdin_copy):
+        for text in read_lines(Path(path), stdin_copy):
             block.append(text)
             if len(block) == cfg.block:
                 yield block
@@ -292,7 +288,7 @@ def embed_files(cfg: EmbedConfig):
             stdin_copy = Path(tmpdir) / "stdin.txt"
             with open(stdin_copy, "wb") as f:
                 shutil.copyfileobj(sys.stdin.buffer, f)
-        n = sum(sum(1 for _ in read_texts(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
+        n = sum(sum(1 for _ in read_lines(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
         if n == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
         progress, done = Progress("embedding", f"{n:,} texts with {cfg.model}, into {out}"), [0, 0]

@@ -25,29 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (
-    OnDevice,
-    Progress,
-    UserError,
-    bounded,
-    cache_dir,
-    choice,
-    cli,
-    cpu_threads,
-    make_dirs,
-    offline,
-    parse_config,
-    write_atomic,
-    write_json,
-)
 from embed import device_and_dtype, encode
 from model import load_pretrained
+from support.cli import Progress, UserError, bounded, choice, cli, parse_config
+from support.device import OnDevice, cpu_threads
+from support.files import cache_dir, make_dirs, offline, write_atomic, write_json
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
 
 @dataclass
-class EvalConfig(OnDevice):  # --device and --dtype as embed.py's (common.OnDevice), then these
+class EvalConfig(OnDevice):  # --dtype, --device and --threads as embed.py's (support.device.OnDevice), then these
     model: list = field(default_factory=list)  # one or more models (hub ids or local directories), side by side
     data: str = ""  # folder holding the task files (searched recursively); empty: download the STS Benchmark
     tasks: list = field(default_factory=list)  # subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all found)
@@ -118,23 +106,27 @@ def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None) -> dict:
     """{task: scores}; a task or subset of fewer than FEW pairs carries few_pairs: true."""
     out = {}
     for task, subsets in tasks.items():
-        per = {}
+        cos, per = {}, {}
         for name, (a, b, gold) in subsets.items():
             if progress:
                 progress.note(f"{task} {name}".strip() + f", {len(gold):,} pairs")
-            cos = cosines(model, tok, a, b, batch_tokens, progress, dtype)
-            per[name] = dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold), cos=cos,
-                             **({"few_pairs": True} if len(gold) < FEW else {}))
-        if list(per) == [""]:
-            out[task] = {k: v for k, v in per[""].items() if k != "cos"}
+            cos[name] = cosines(model, tok, a, b, batch_tokens, progress, dtype)
+            per[name] = correlations(cos[name], gold)
+        if list(per) == [""]:  # one set of pairs (STS-B, SICK-R)
+            out[task] = per[""]
             continue
-        cos = np.concatenate([p["cos"] for p in per.values()])
-        gold = np.concatenate([g for _, _, g in subsets.values()])
-        out[task] = {"all": 100 * spearman(cos, gold), "mean": _mean(p["spearman"] for p in per.values()),
-                     "pearson_all": 100 * pearson(cos, gold), "pearson_mean": _mean(p["pearson"] for p in per.values()),
-                     "n": len(gold), "subsets": {k: {m: v for m, v in p.items() if m != "cos"} for k, p in per.items()},
-                     **({"few_pairs": True} if len(gold) < FEW else {})}
+        # STS12-16: every subset's pairs pooled ("all", as SimCSE), and the mean over subsets (as SentEval)
+        pooled, gold = np.concatenate(list(cos.values())), np.concatenate([g for *_, g in subsets.values()])
+        out[task] = {"all": 100 * spearman(pooled, gold), "mean": _mean(p["spearman"] for p in per.values()),
+                     "pearson_all": 100 * pearson(pooled, gold),
+                     "pearson_mean": _mean(p["pearson"] for p in per.values()),
+                     "n": len(gold), "subsets": per, **({"few_pairs": True} if len(gold) < FEW else {})}
     return out
+
+
+def correlations(cos: np.ndarray, gold: np.ndarray) -> dict:
+    return dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold),
+                **({"few_pairs": True} if len(gold) < FEW else {}))
 
 
 def spearman_of(model, tok, pairs, dtype=None) -> float:
@@ -164,6 +156,16 @@ def table(results: dict) -> str:
 
 # -----------------------------------------------------------------------------------------------
 # Reading the tasks, in their original layouts. Each reader returns (sentences a, sentences b, gold scores).
+
+
+def task_files(task: str, split: str) -> str:
+    """The files find_tasks looks for, for a task and split: what a missing task's line asks for."""
+    if task == "STSB":
+        return f"sts-{split}.csv"
+    if task == "SICKR":
+        return {"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split] + " or SICK.txt"
+    return f"a folder {task} holding STS.input.NAME.txt and STS.gs.NAME.txt" + (", test data only" if split == "dev"
+                                                                                  else "")
 
 
 def _lines(path: Path) -> list[str]:
@@ -255,28 +257,32 @@ def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
         tasks["STSB"] = {"": read_stsb(stsb)}
     if sick := named({"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]) or named("SICK.txt"):
         tasks["SICKR"] = {"": read_sick(sick, split)}
-    if split == "test":
-        for year in range(12, 17):
-            subsets = {}
-            for inp in files:
-                m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
-                folder = inp.parent.name
-                if m and (folder == f"STS{year}" or folder.startswith(f"STS{year}-")):
-                    gs = inp.with_name(f"{m[1]}.gs.{m[2]}.txt")
-                    if gs.exists():  # an input without gold scores cannot be scored
-                        subsets[m[2]] = read_semeval(inp, gs)
-            if subsets:
-                tasks[f"STS{year}"] = subsets
+    for year in range(12, 17) if split == "test" else ():  # STS12-16 have only test data
+        if subsets := semeval_subsets(files, year):
+            tasks[f"STS{year}"] = subsets
     return tasks
 
 
-def download_stsb() -> Path:
-    """The STS Benchmark's three files, fetched once into the cache ($DECLUTR_STSB_URL overrides the source)."""
+def semeval_subsets(files: list[Path], year: int) -> dict[str, tuple]:
+    """{subset: (a, b, gold)} of SemEval STS 20`year`: STS.input.NAME.txt beside STS.gs.NAME.txt (2016: STS2016.*)
+    in a folder STSyy or SentEval's STSyy-en-test; an input without gold scores cannot be scored."""
+    subsets = {}
+    for inp in files:
+        m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
+        in_year = inp.parent.name == f"STS{year}" or inp.parent.name.startswith(f"STS{year}-")
+        if m and in_year and (gs := inp.with_name(f"{m[1]}.gs.{m[2]}.txt")).exists():
+            subsets[m[2]] = read_semeval(inp, gs)
+    return subsets
+
+
+def download_stsb(split: str = "test") -> Path:
+    """The STS Benchmark's three files, fetched once into the cache ($DECLUTR_STSB_URL overrides the source); what
+    fails names the file the split needs."""
     url = os.environ.get("DECLUTR_STSB_URL", STSB_URL)
     d = cache_dir() / "stsbenchmark"
     if (d / "sts-test.csv").exists():
         return d
-    how = "pass --data with a folder holding sts-dev.csv and sts-test.csv"
+    how = f"pass --data with a folder holding sts-{split}.csv"
     if offline():
         raise UserError(f"offline (HF_HUB_OFFLINE is set) and the STS Benchmark is not in {d}; {how}")
     try:
@@ -324,12 +330,15 @@ def evaluate(cfg: EvalConfig):
         raise UserError("no --model given")
     if cfg.json and not Path(cfg.json).resolve().parent.is_dir():
         raise UserError(f"--json {cfg.json}: no folder {Path(cfg.json).parent} to write it into")
-    root = Path(cfg.data) if cfg.data else download_stsb()
+    root = Path(cfg.data) if cfg.data else download_stsb(cfg.split)
     if not root.is_dir():
         raise UserError(f"{root}: not a directory")
-    tasks = find_tasks(root, cfg.split)
-    if cfg.tasks:
-        tasks = {t: v for t, v in tasks.items() if t in cfg.tasks}
+    found = find_tasks(root, cfg.split)
+    if missing := [t for t in cfg.tasks if t not in found]:  # the tasks asked for by name, each one there
+        raise UserError(f"{root}: no {cfg.split} files of " + "; ".join(f"{t} ({task_files(t, cfg.split)})"
+                                                                       for t in missing)
+                        + (f"; it has {', '.join(found)}" if found else ""))
+    tasks = {t: v for t, v in found.items() if t in cfg.tasks or not cfg.tasks}
     if not tasks:
         raise UserError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
                         + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))

@@ -5,7 +5,7 @@ DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token stat
 attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked language modelling head, so
 the MLM logits come from the same forward pass as the embeddings. Weights come and go as Hugging Face
 safetensors through an explicit name map, so transformers and sentence-transformers load ours unchanged
-(hub downloads and file formats: hub.py).
+(hub downloads and file formats: support/hub.py).
 
     python model.py info distilroberta-base                  # download into $HF_HOME/hub once, load, print its shape
     python model.py info path/to/checkpoint                  # the same for a local Hugging Face folder
@@ -23,8 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import hub
-from common import OneLineParser, UserError, cli, document_texts, make_dirs, say, write_atomic, write_json
+from support import hub
+from support.cli import OneLineParser, UserError, cli, say
+from support.corpus import document_texts
+from support.device import padding_mask
+from support.files import make_dirs, write_atomic, write_json
 
 
 @dataclass
@@ -144,16 +147,15 @@ class Layer(nn.Module):
 class MLMHead(nn.Module):
     """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ bias), as both papers' models."""
 
-    def __init__(self, c: ModelConfig, word: nn.Embedding):
+    def __init__(self, c: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.hidden_size)
         self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
-        self.word = [word]  # in a list so the tied weight is registered (and saved) once, by Embeddings
 
-    def forward(self, h):
-        return F.linear(self.ln(self.act(self.dense(h))), self.word[0].weight, self.bias)
+    def forward(self, h, word_weight):
+        return F.linear(self.ln(self.act(self.dense(h))), word_weight, self.bias)  # the decoder is the embedding
 
 
 class Encoder(nn.Module):
@@ -162,7 +164,7 @@ class Encoder(nn.Module):
         self.config = c
         self.embeddings = Embeddings(c)
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
-        self.mlm = MLMHead(c, self.embeddings.word)
+        self.mlm = MLMHead(c)
 
     def forward(self, input_ids, attention_mask=None, nonpad=None):
         """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). nonpad: the (N,) flat
@@ -186,7 +188,7 @@ class Encoder(nn.Module):
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
-        return self.mlm(hidden)
+        return self.mlm(hidden, self.embeddings.word.weight)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator):
@@ -211,7 +213,7 @@ def mean_pool(hidden, attention_mask):
 
 def nonpad_positions(lengths: np.ndarray, T: int) -> np.ndarray:
     """The flat positions, in a (B, T) batch padded on the right, of the non-pad tokens of rows of these lengths."""
-    return np.flatnonzero(np.arange(T)[None] < np.asarray(lengths)[:, None])
+    return np.flatnonzero(padding_mask(lengths, T))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -244,26 +246,22 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
 def load_state(model: Encoder, tensors: dict[str, torch.Tensor], where: str) -> list[str]:
     """Copy tensors under their ForMaskedLM names (hub.read_safetensors) into the model; return notes for the
     user. Raises UserError on any mismatch."""
-    keymap, got = hf_key_map(model.config), tensors
-    unused, ours, notes, missing = set(got), model.state_dict(), [], []
+    keymap, ours = hf_key_map(model.config), model.state_dict()
     for name, sources in keymap.items():
-        if not all(s in got for s in sources):
-            missing += [s for s in sources if s not in got]
-            continue
-        unused -= set(sources)
-        t = torch.cat([got[s] for s in sources]) if len(sources) > 1 else got[sources[0]]
-        if t.shape != ours[name].shape:
-            raise UserError(f"{where}: {sources[0]} has shape {tuple(t.shape)}, config.json implies "
-                            f"{tuple(ours[name].shape)}")
-        ours[name].copy_(t)
-    head = [s for n, ss in keymap.items() if n.startswith("mlm.") for s in ss]
-    if set(missing) == set(head):  # a bare encoder: keep the fresh head, say so
-        notes.append(f"{where}: no MLM head in the checkpoint, initialised a fresh one")
-    elif missing:
+        if all(s in tensors for s in sources):
+            t = torch.cat([tensors[s] for s in sources]) if len(sources) > 1 else tensors[sources[0]]
+            if t.shape != ours[name].shape:
+                raise UserError(f"{where}: {sources[0]} has shape {tuple(t.shape)}, config.json implies "
+                                f"{tuple(ours[name].shape)}")
+            ours[name].copy_(t)
+    wanted = {s for sources in keymap.values() for s in sources}
+    head = {s for name, sources in keymap.items() if name.startswith("mlm.") for s in sources}
+    missing, unused = wanted - tensors.keys(), tensors.keys() - wanted
+    if missing and missing != head:
         raise UserError(f"{where}: missing {len(missing)} tensors, e.g. {', '.join(sorted(missing)[:3])}")
     if unused:
         raise UserError(f"{where}: {len(unused)} unexpected tensors, e.g. {', '.join(sorted(unused)[:3])}")
-    return notes
+    return [f"{where}: no MLM head in the checkpoint, initialised a fresh one"] if missing else []
 
 
 def hf_state_dict(model: Encoder) -> dict[str, torch.Tensor]:
@@ -321,6 +319,11 @@ SHAPES = {name: dict(zip(SHAPE_FIELDS, values, strict=True)) for name, values in
     "small": (256, 4, 4, 1024, 16384),
     "distilroberta-base": (768, 6, 12, 3072, 50265),
     "roberta-base": (768, 12, 12, 3072, 50265)}.items()}
+
+
+def scratch_name(model: str) -> str | None:
+    """The shape of --model scratch:SHAPE (a random-init encoder), or None for a pretrained model."""
+    return model.removeprefix("scratch:") if model.startswith("scratch:") else None
 
 
 def scratch_shape(name: str, flag: str = "") -> dict:
@@ -382,7 +385,9 @@ def main(argv=None):
         print(f"wrote {out / 'model.safetensors'}")
     else:
         out = Path(args.out)
-        if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not args.overwrite:
+        if out.exists() and not out.is_dir():  # as train.py says it of its --out
+            raise UserError(f"--out {out}: is a file, not a folder", code=2)
+        if out.is_dir() and any(out.iterdir()) and not args.overwrite:
             raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
         model, tok = from_scratch(args.shape, document_texts(args.corpus), args.seed, quiet=False)
         save_pretrained(model, tok, out)

@@ -7,45 +7,25 @@ then P positives per anchor with q ~ Beta(2, 4) (shorter), each starting anywher
 lies inside its anchor (Fig. 2's views restrict this: --positive-view). §3.3: the anchors also carry BERT-style
 MLM (15% of tokens; 80/10/10).
 
-As in the original, every run of whitespace in a document becomes one space before it is tokenised
-(--keep-whitespace keeps the text as it is). The corpus is tokenised once with the model's own tokenizer into one
-flat token file plus document offsets (a numpy memmap, cached by the files' names, sizes and times, the cleaning
-and the tokenizer), so "length" always means the model's tokens and sampling never tokenises. Every batch is a
-pure function of (seed, epoch, rank, step).
+The documents are tokenised once with the model's own tokenizer (support/corpus.py keeps them as a memmap of token
+ids, every run of whitespace made one space first, as in the original), so "length" always means the model's
+tokens and sampling never tokenises. Every batch is a pure function of (seed, epoch, rank, step).
 
     python sampler.py --model distilroberta-base --data docs/ notes.jsonl.gz --show 2   # step 0's spans, as text
     python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
     python sampler.py --help                                                          # every flag and default
 """
-import array
-import hashlib
-import json
 import signal
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import (
-    Progress,
-    UserError,
-    bounded,
-    choice,
-    cli,
-    list_files,
-    pad_rows,
-    parse_config,
-    read_documents,
-    remove_stale_temporaries,
-    say,
-    writable_cache,
-    write_atomic,
-)
-from hub import special_ids
 from model import load_config_and_tokenizer
+from support.cli import UserError, bounded, choice, cli, parse_config
+from support.corpus import Corpus, check_usable, prepare_corpus
+from support.device import pad_rows
+from support.hub import special_ids
 
 VIEWS = ("all", "overlap", "adjacent", "subsumed")  # where a positive may lie relative to its anchor (Fig. 2)
 
@@ -144,128 +124,31 @@ def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
 
 
 # -----------------------------------------------------------------------------------------------
-# The corpus: read every document once, tokenise, keep the ids on disk.
-
-
-class Corpus:
-    """Token ids of every document, flat on disk: document i is tokens[offsets[i]:offsets[i + 1]]."""
-
-    def __init__(self, directory: Path):
-        self.dir = directory
-        self.meta = json.loads((directory / "meta.json").read_text())
-        self.offsets = np.load(directory / "offsets.npy")
-        self.lengths = np.diff(self.offsets)
-        self._tokens = None
-
-    @property
-    def tokens(self):  # opened lazily, so each DataLoader worker maps the file itself
-        if self._tokens is None:
-            self._tokens = np.memmap(self.dir / "tokens.bin", dtype=self.meta["dtype"], mode="r") \
-                if self.meta["tokens"] else np.zeros(0, dtype=self.meta["dtype"])
-        return self._tokens
-
-    def __getstate__(self):
-        return {**self.__dict__, "_tokens": None}
-
-    def __len__(self):
-        return len(self.lengths)
-
-
-def prepare_corpus(paths, tok, cache: str = "", clean: bool = True) -> Corpus:
-    """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
-    into a cached memmap."""
-    files = list_files(paths)
-    # The cache key: the tokenizer, the cleaning, and each file's path, size and time
-    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))
-    for f in files:
-        st = f.stat()
-        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    root = writable_cache(cache)
-    remove_stale_temporaries(root)  # what a preparation that was killed left
-    out = root / f"corpus-{key.hexdigest()[:20]}"
-    if (out / "meta.json").exists():
-        corpus = Corpus(out)
-        say(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
-        return corpus
-    progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}")
-    # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
-    # folder is kept
-    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean), keep_existing=True)
-    corpus = Corpus(out)
-    progress.note(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
-    return corpus
-
-
-def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool):
-    """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
-    folder.mkdir()
-    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
-    stats = dict(files=len(files), documents=0, empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
-    offsets = array.array("q", [0])  # 8 bytes a document
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
-    with open(folder / "tokens.bin", "wb") as f:
-        for texts in _batches(read_documents(files, stats, clean), 1 << 24):
-            for e in encode(texts, add_special_tokens=False):
-                ids = np.asarray(e.ids, dtype=dtype)
-                f.write(ids.tobytes())
-                offsets.append(offsets[-1] + len(ids))
-            progress(f"{len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
-                     f"{offsets[-1] / (time.time() - progress.t0):,.0f} tokens/s")
-    stats["documents"], stats["tokens"] = len(offsets) - 1, offsets[-1]
-    np.save(folder / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
-    summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
-               f"{stats['empty']} empty, {stats['binary']} binary, {stats['malformed']} malformed; "
-               f"{stats['bytes_replaced']} undecodable bytes replaced in {stats['files_repaired']} files")
-    meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files])
-    (folder / "meta.json").write_text(json.dumps(meta))
-
-
-def _batches(texts, max_chars: int):
-    """Lists of texts of about `max_chars` characters (16M): memory stays bounded, every core stays busy."""
-    batch, chars = [], 0
-    for text in texts:
-        batch.append(text)
-        chars += len(text)
-        if chars >= max_chars:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-# -----------------------------------------------------------------------------------------------
 # Batches: step -> anchors, positives, MLM, as a map-style dataset the DataLoader's workers index by step.
 
 
 class SpanBatches(torch.utils.data.Dataset):
+    """Step -> this rank's batch: its share of the step's N documents, A anchors and A·P positives from each."""
+
     def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1):
         self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
         self.per_rank = cfg.docs_per_step // world_size  # this rank's share of the N documents of a step
         self.special = special_ids(tok)
         self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.special.values()))
-        self.max_span = min(cfg.max_span, max_tokens - 2)  # room for <s> and </s> within the positions
-        # The paper's l_max of 512 already means the span inside <s> ... </s>: only a --max-span the user chose is
-        # worth a warning when it has to be lowered
-        if self.max_span < cfg.max_span != SamplerConfig.max_span:
-            say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
-                f"using {self.max_span}", file=sys.stderr)
-        A, lengths = cfg.num_anchors, corpus.lengths
-        if len(lengths) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
-            raise UserError(f"no documents in the data: {corpus.meta['summary']}")
-        self.need = 2 * A * self.max_span  # the original's requirement, n >= 2 * A * l_max
-        floor = 2 * A * cfg.min_span if cfg.scale_short_docs else self.need
-        self.docs = np.flatnonzero(lengths >= floor)
-        if len(self.docs) == 0:
-            raise UserError(f"no document has the {floor:,} tokens that {A} anchors need (2·A·l_max); the longest "
-                            f"has {int(lengths.max(initial=0)):,}. Lower --max-span or pass --scale-short-docs")
+        # l_max counts the span inside <s> ... </s>: lowered, if need be, to fit the model's positions with them
+        self.max_span = min(cfg.max_span, max_tokens - 2)
+        # The original's rule: a document of n tokens gives A anchors in non-neighbouring blocks of l_max when
+        # n >= 2·A·l_max; --scale-short-docs takes shorter ones too, their l_max lowered to n / 2A (see max_len)
+        floor = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)
+        self.docs = np.flatnonzero(corpus.lengths >= floor)
         self.steps_per_epoch = len(self.docs) // world_size // max(1, self.per_rank)
-        if self.per_rank == 0 or self.steps_per_epoch == 0:
-            raise UserError(f"{len(self.docs)} usable documents cannot fill one step of {cfg.docs_per_step} "
-                            f"documents over {world_size} ranks")
-        short = int((lengths < floor).sum())
-        say(f"sampler: {len(self.docs):,} documents qualify, {short:,} skipped as shorter than {floor:,} tokens; "
-            f"{self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
+        check_usable(corpus, cfg, floor, len(self.docs), self.steps_per_epoch, world_size, self.max_span, max_tokens,
+                     SamplerConfig.max_span)
         self._shard = (None, None)
+
+    def max_len(self, n: int) -> int:
+        """l_max for a document of n tokens: the run's, or n / 2A for a short one under --scale-short-docs."""
+        return min(self.max_span, n // (2 * self.cfg.num_anchors))
 
     def shard(self, epoch: int) -> np.ndarray:
         """This rank's documents for the epoch: one shuffle shared by all ranks, dealt out round-robin."""
@@ -281,8 +164,7 @@ class SpanBatches(torch.utils.data.Dataset):
         anchors, positives, a_doc = [], [], []
         for d in self.shard(epoch)[i * self.per_rank:(i + 1) * self.per_rank]:
             start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
-            max_len = min(self.max_span, n // (2 * cfg.num_anchors))  # only short docs, when allowed, scale down
-            toks = self.corpus.tokens
+            max_len, toks = self.max_len(n), self.corpus.tokens
             for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_len),
                                               max_len, rng, cfg.positive_view):
                 anchors.append(toks[start + a0:start + a1])
@@ -302,11 +184,23 @@ class SpanBatches(torch.utils.data.Dataset):
 
 
 def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
-    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k."""
-    return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
-                                       num_workers=workers, persistent_workers=False,
-                                       pin_memory=torch.cuda.is_available(), prefetch_factor=4 if workers else None,
-                                       worker_init_fn=_ignore_sigterm if workers else None)
+    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k. Workers
+    hand a batch over as numpy arrays, copied through their pipe: a tensor would go as a file descriptor served by a
+    thread in the worker, which prints a traceback when Ctrl-C cuts the training process off in the middle of it."""
+    if not workers:
+        return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step))
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
+                                         num_workers=workers, prefetch_factor=4, collate_fn=_arrays,
+                                         worker_init_fn=_ignore_sigterm)
+    return map(_tensors, loader)
+
+
+def _arrays(batch: dict) -> dict:
+    return {k: v.numpy() for k, v in batch.items()}
+
+
+def _tensors(batch: dict) -> dict:
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
 def _ignore_sigterm(worker_id: int):

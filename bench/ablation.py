@@ -26,6 +26,7 @@ the script again continues where it stopped.
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import subprocess
@@ -37,9 +38,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import common  # noqa: E402
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
+from support import corpus  # noqa: E402
+from support.files import write_atomic  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
 # A = P = 2), and the figure whose table it belongs to.
@@ -89,7 +91,7 @@ def initial_models(a, out: Path) -> dict[int, str]:
     inits = {s: out / f"init-seed{s}" for s in a.seeds}
     if all((d / "model.safetensors").exists() for d in inits.values()):
         return inits
-    tok = M.scratch_tokenizer(a.shape, common.document_texts(a.data))
+    tok = M.scratch_tokenizer(a.shape, corpus.document_texts(a.data))
     for s, d in inits.items():
         M.save_pretrained(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=s), tok, d)
     return inits
@@ -102,15 +104,37 @@ def initial_models(a, out: Path) -> dict[int, str]:
 def pretrain(a, out: Path, books: list[Path]) -> Path:
     """Stage 1, the "pretrained" encoder (the paper's Transformer-* rows): scratch weights and BPE, MLM alone on
     sequences of l_max tokens (--min-span = --max-span: every anchor a whole l_max block, none of them
-    contrasted), seed 0, STS-B dev scored 8 times along the way."""
+    contrasted), seed 0, STS-B dev scored at most 8 times along the way (every stage1_eval_every steps, and at the
+    end)."""
     model = out / "pretrain" / "model"
     if not (model / "model.safetensors").exists():
         cmd = ["--model", f"scratch:{a.shape}", "--data", *map(str, books), "--seed", "0",
                "--steps", str(a.pretrain_steps), "--min-span", str(a.max_span), "--lr", str(a.pretrain_lr),
-               "--no-contrastive", "--eval-every", str(max(1, a.pretrain_steps // 8)),
+               "--no-contrastive", "--eval-every", str(stage1_eval_every(a.pretrain_steps)),
                "--threads", str(len(os.sched_getaffinity(0)))]  # alone: every core
         train(a, out, "pretrain", cmd, wait=True)
     return model
+
+
+def stage1_eval_every(steps: int) -> int:
+    """Steps between stage 1's scores: 8 of them over the run (and train.py's own at the end), fewer for a run of
+    fewer steps than that, never one a step."""
+    return max(1, math.ceil(steps / 8))
+
+
+def stage1_summary(s1: list[dict]) -> str:
+    """Stage 1's MLM loss at its start and its end, over windows that say what they cover (the first 50 steps and
+    the last 500, or as many as the run has)."""
+    first, last = s1[:min(50, len(s1))], s1[-min(500, len(s1)):]
+    return (f"MLM loss {np.mean([r['mlm'] for r in first]):.2f} over its first {len(first)} steps, "
+            f"{np.mean([r['mlm'] for r in last]):.2f} over its last {len(last)}")
+
+
+def failure(log: Path) -> str:
+    """What a failed run said: its last `error: ` line, else its last line."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    errors = [line for line in lines if line.startswith("error: ")]
+    return (errors or lines or ["no output"])[-1].removeprefix("error: ")
 
 
 def stage2_documents(a, out: Path, books: list[Path]) -> dict[int, Path]:
@@ -121,7 +145,7 @@ def stage2_documents(a, out: Path, books: list[Path]) -> dict[int, Path]:
     if all(f.exists() for f in files.values()):
         return files
     docs = []
-    for text in common.read_documents(books, collections.Counter(), clean=False):
+    for text in corpus.read_documents(books, collections.Counter(), clean=False):
         mine, piece = [], ""
         for paragraph in re.split(r"\n\s*\n", text.replace("\r\n", "\n").strip()):
             piece = f"{piece}\n\n{paragraph}" if piece else paragraph
@@ -134,7 +158,7 @@ def stage2_documents(a, out: Path, books: list[Path]) -> dict[int, Path]:
     order = np.random.default_rng(0).permutation(len(docs))
     for p, f in files.items():
         lines = "".join(json.dumps({"text": docs[i]}) + "\n" for i in order[:round(len(docs) * p / 100)])
-        common.write_atomic(f, lambda tmp, lines=lines: Path(tmp).write_text(lines))
+        write_atomic(f, lambda tmp, lines=lines: Path(tmp).write_text(lines))
     return files
 
 
@@ -167,7 +191,7 @@ def finished(out: Path, job):
     """Record one ended run's time (over every invocation of the script), or stop if it failed."""
     run, t0, proc = job
     if proc.returncode:
-        sys.exit(f"{run} failed; see {out / f'{run}.log'}")
+        sys.exit(f"{run} failed: {failure(out / f'{run}.log')} (the whole log: {out / f'{run}.log'})")
     (out / "seconds.json").write_text(json.dumps({**run_seconds(out), run: round(time.time() - t0)}, indent=1))
     print(f"{run}: STS-B dev {curve(out, run)[-1][1]:.2f} ({time.time() - t0:.0f}s)", flush=True)
 
@@ -246,9 +270,8 @@ def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:
     if a.pretrain_steps:
         s1 = metrics(out, "pretrain")
         lines = [f"Stage 1: {a.shape} scratch model and BPE, {a.pretrain_steps} steps of MLM alone on 2 x "
-                 f"{a.docs_per_step} sequences of {a.max_span} tokens from every other book, lr {a.pretrain_lr}; MLM "
-                 f"loss {np.mean([r['mlm'] for r in s1[:50]]):.2f} over its first 50 steps, "
-                 f"{np.mean([r['mlm'] for r in s1[-500:]]):.2f} over its last 500. Stage 2: from it, one pass over "
+                 f"{a.docs_per_step} sequences of {a.max_span} tokens from every other book, lr {a.pretrain_lr}; "
+                 f"{stage1_summary(s1)}. Stage 2: from it, one pass over "
                  f"a share of the other books' documents, spans {a.min_span}-{a.max_span} tokens, lr {a.lr}"]
     else:
         lines = [f"{a.model or f'{a.shape} scratch model'}, {a.steps} steps, spans {a.min_span}-{a.max_span} "
@@ -386,7 +409,7 @@ def main():
     t0 = time.time()
     documents = {}
     if staged:
-        books = common.list_files(a.data)
+        books = corpus.list_files(a.data)
         stage1 = pretrain(a, out, books[0::2])
         inits = {s: stage1 for s in a.seeds}
         documents = stage2_documents(a, out, books[1::2])

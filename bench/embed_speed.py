@@ -82,9 +82,9 @@ def arms(a, model: Path, exported: Path | None, has_bf16: bool) -> dict[str, cal
 def side_by_side(a, d: Path):
     import torch
 
-    import common
+    from support.device import cpu_has_bf16
 
-    shared, has_bf16 = Path(a.shared), common.cpu_has_bf16()
+    shared, has_bf16 = Path(a.shared), cpu_has_bf16()
     model = shared / "models" / "all-MiniLM-L6-v2"
     rows = (shared / "data/sts/stsbenchmark/sts-train.csv").read_text(encoding="utf-8").splitlines()
     train = [s for r in rows for s in r.split("\t")[5:7]]

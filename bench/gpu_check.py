@@ -53,14 +53,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import common  # noqa: E402
 import embed  # noqa: E402
 import evaluate_sts  # noqa: E402
 import loss  # noqa: E402
 import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
-from hub import train_tokenizer  # noqa: E402
+from support import chunks, corpus, processes  # noqa: E402
+from support.hub import train_tokenizer  # noqa: E402
 
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}  # dense, datasheets
@@ -79,9 +79,9 @@ class Check:
         self.docs_per_step, self.max_span = (4, 64) if dry else (16, 510)
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
         self.docs = documents(self.tmp / "docs", 12 if dry else 16)
-        texts = common.document_texts([self.docs], max_chars=(2 if dry else 8) << 20)
+        texts = corpus.document_texts([self.docs], max_chars=(2 if dry else 8) << 20)
         self.tok = train_tokenizer(texts, self.vocab)
-        self.corpus = sampler.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"))
+        self.corpus = corpus.prepare_corpus([self.docs], self.tok, str(self.tmp / "cache"))
         self.cfg = train.TrainConfig(docs_per_step=self.docs_per_step, min_span=16 if dry else 32,
                                      max_span=self.max_span, chunk_tokens=16384)
         self.batches = sampler.SpanBatches(self.corpus, self.tok, self.cfg, 512)
@@ -115,15 +115,15 @@ class Check:
 
 def device(dry: bool) -> torch.device:
     """The device as train.py finds it: cuda:LOCAL_RANK, with its index (NCCL's process group is bound to one)."""
-    return torch.device("cpu") if dry else common.processes().device
+    return torch.device("cpu") if dry else processes.processes().device
 
 
-def one_rank_process_group(dev: torch.device) -> common.Process:
+def one_rank_process_group(dev: torch.device) -> processes.Process:
     """One rank meeting in a store of its own, its process group set up as train.py's (NCCL on a GPU)."""
     import torch.distributed as dist
 
-    proc = common.Process(rank=0, local=0, world=1, device=dev, store=dist.HashStore())
-    common.init_process_group(proc, 60)
+    proc = processes.Process(rank=0, local=0, world=1, device=dev, store=dist.HashStore())
+    processes.init_process_group(proc, 60)
     return proc
 
 
@@ -135,7 +135,7 @@ def documents(folder: Path, n: int) -> Path:
         for b in books:
             (folder / b.name).write_bytes(b.read_bytes())
         return folder
-    text = "\n\n".join(p.read_text() for p in sorted(common.demo_corpus("").glob("*.txt")))
+    text = "\n\n".join(p.read_text() for p in sorted(corpus.demo_corpus("").glob("*.txt")))
     size = len(text) // n
     for i in range(n):
         (folder / f"{i}.txt").write_text(text[i * size:(i + 1) * size])
@@ -323,7 +323,7 @@ def train_run(check: Check):
     folder = check.tmp / "init"
     model.save_pretrained(check.encoder(dropout=True).cpu(), check.tok, folder)
     chunk_counts, sync_warnings = [], []
-    real_groups, real_step, real_opt = train.length_groups, train.train_step, train.optimizer_step
+    real_groups, real_step, real_opt = chunks.length_groups, train.train_step, train.optimizer_step
 
     def counting_groups(*a, **k):
         groups = real_groups(*a, **k)
@@ -339,7 +339,8 @@ def train_run(check: Check):
             return out
         return wrapped
 
-    train.length_groups, train.train_step, train.optimizer_step = counting_groups, counted(real_step), counted(real_opt)
+    chunks.length_groups, train.train_step = counting_groups, counted(real_step)
+    train.optimizer_step = counted(real_opt)
     if check.dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.set_sync_debug_mode("warn")
@@ -349,7 +350,7 @@ def train_run(check: Check):
                     "--max-span", str(check.max_span), "--cache-dir", str(check.tmp / "cache"), "--log-every", "10",
                     "--ckpt-every", "1000", "--workers", "4" if not check.dry else "0", "--lr", "1e-4"])
     finally:
-        train.length_groups, train.train_step, train.optimizer_step = real_groups, real_step, real_opt
+        chunks.length_groups, train.train_step, train.optimizer_step = real_groups, real_step, real_opt
         if check.dev.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)
     recs = [json.loads(line) for line in (check.tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -412,7 +413,7 @@ def embedding(check: Check):
         pairs, what = evaluate_sts.load_stsb_dev(stsb), "all-MiniLM-L6-v2 on STS-B dev"
     else:  # a random model: its scores are noise, but CPU and GPU fp32 must still agree, and bf16 stay near fp32
         enc, tok = check.encoder().cpu().eval(), check.tok
-        sents = [s for s in " ".join(common.document_texts([check.docs], max_chars=1 << 20)).split(". ") if s][:3000]
+        sents = [s for s in " ".join(corpus.document_texts([check.docs], max_chars=1 << 20)).split(". ") if s][:3000]
         rng = np.random.default_rng(0)
         pairs, what = (sents[:1500], sents[1500:3000], rng.random(1500)), "a random model on docstring sentences"
     texts = pairs[0] + pairs[1]

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
+from support import chunks  # noqa: E402
 
 GIB = 2**30
 
@@ -81,12 +82,12 @@ class SavedBytes:
 def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
     """(bytes saved for the backward at the step's peak, its largest saved tensor), the step's forward as train_step
     runs it: all chunks at once, or with GradCache the largest chunk alone."""
-    groups = train.length_groups  # a GPU's chunks: one per --chunk-tokens budget, whatever the spread of lengths
-    train.length_groups = lambda lengths, budget, spread: groups(lengths, budget, spread=0.0)
+    groups = chunks.length_groups  # a GPU's chunks: one per --chunk-tokens budget, whatever the spread of lengths
+    chunks.length_groups = lambda lengths, budget, spread: groups(lengths, budget, spread=0.0)
     try:
         spans = train.Spans(batch, cfg, encoder)
     finally:
-        train.length_groups = groups
+        chunks.length_groups = groups
     heads = encoder.config.num_attention_heads
     per_chunk = []
     for k in range(len(spans.groups)):

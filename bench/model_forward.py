@@ -18,10 +18,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import common as C  # noqa: E402
 import embed as E  # noqa: E402
-import hub as H  # noqa: E402
 import model as M  # noqa: E402
+from support import hub as H  # noqa: E402
+from support.device import pad_rows  # noqa: E402
 
 
 def sts_sentences(shared: Path, n: int):
@@ -33,7 +33,7 @@ def batches_from_text(tok, texts, bs):
     pad = H.special_ids(tok)["pad"]
     texts = sorted(texts, key=len)  # what any sensible caller does; same batches for both models
     pieces = E.tokenize(texts, tok, 256).pieces  # truncated at 256 tokens, the end token kept
-    return [tuple(map(torch.from_numpy, C.pad_rows(pieces[i:i + bs], pad))) for i in range(0, len(pieces), bs)]
+    return [tuple(map(torch.from_numpy, pad_rows(pieces[i:i + bs], pad))) for i in range(0, len(pieces), bs)]
 
 
 def timed(fn, batches):

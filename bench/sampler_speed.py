@@ -15,9 +15,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import hub as H  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
+from support import hub as H  # noqa: E402
+from support.corpus import prepare_corpus  # noqa: E402
 
 
 def mask_of(ids, lengths):
@@ -31,7 +32,7 @@ def prep_vs_encode_batch(name, tok, books):
     base = n / (time.perf_counter() - t)
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        c = S.prepare_corpus(books, tok, d)
+        c = prepare_corpus(books, tok, d)
         ours = c.meta["tokens"] / (time.perf_counter() - t)
     print(f"| {name} | {len(books)} books, {c.meta['tokens']:,} tokens | {ours:,.0f} | {base:,.0f} | "
           f"{ours / base:.2f} |")
@@ -73,7 +74,7 @@ def main():
     prep_vs_encode_batch("byte-level BPE, 32k", bpe, books)
 
     with tempfile.TemporaryDirectory() as d:
-        corpus = S.prepare_corpus(books, bpe, d)
+        corpus = prepare_corpus(books, bpe, d)
         cfg = S.SamplerConfig(docs_per_step=16)  # N=16, A=P=2, l_min=32, l_max=512: the paper's batch
         sb = S.SpanBatches(corpus, bpe, cfg, max_tokens=512)
         steps = min(a.batches, sb.steps_per_epoch * 3)

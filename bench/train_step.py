@@ -21,11 +21,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import hub as H  # noqa: E402
 import loss as L  # noqa: E402
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 import train as T  # noqa: E402
+from support import hub as H  # noqa: E402
+from support.corpus import prepare_corpus  # noqa: E402
 
 
 def original_step(hf, batch, tau=0.05, P=2):
@@ -49,7 +50,7 @@ def main():
     books = sorted((Path(a.shared) / "data/corpus/gutenberg").glob("*.txt"))[:8]
     tok = H.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:2]), 8000)
     with tempfile.TemporaryDirectory() as d:
-        corpus = S.prepare_corpus(books, tok, d)
+        corpus = prepare_corpus(books, tok, d)
         sb = S.SpanBatches(corpus, tok, S.SamplerConfig(docs_per_step=a.docs), max_tokens=512)
         batches = [sb[i] for i in range(a.repeats)]
         torch.manual_seed(0)

@@ -79,8 +79,8 @@ def _shared_or_fetched(path: Path, asset: str) -> Path:
 def _fetch(asset: str):
     """(path, None) once downloaded into the usual cache, or (None, why not): tried once per test session."""
     import evaluate_sts
-    import hub
-    from common import UserError
+    from support import hub
+    from support.cli import UserError
 
     extra = (("vocab.txt",), ("tokenizer_config.json",), ("modules.json",), ("sentence_bert_config.json",),
              ("1_Pooling/config.json",))  # what sentence-transformers and the WordPiece test read

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sampler  # noqa: E402
 import train  # noqa: E402
+from support import corpus  # noqa: E402
 
-tokenise = sampler._tokenise
+tokenise = corpus._tokenise
 
 
 def slow_tokenise(*args, **kwargs):
@@ -18,5 +18,5 @@ def slow_tokenise(*args, **kwargs):
     return tokenise(*args, **kwargs)
 
 
-sampler._tokenise = slow_tokenise
+corpus._tokenise = slow_tokenise
 train.main(sys.argv[1:])

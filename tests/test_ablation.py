@@ -7,6 +7,22 @@ import numpy as np
 from conftest import bench_script
 
 
+def test_stage1_is_scored_as_often_as_said_and_reported_over_windows_it_names(tmp_path):
+    """Stage 1's STS-B dev at most 8 times (train.py scores every --eval-every steps, and at the end), 8 at 8,000
+    steps; its loss windows say how many steps they cover; a failed run's reason is its error line."""
+    ablation = bench_script("ablation")
+    for steps in (1, 5, 9, 10, 17, 8000):
+        every = ablation.stage1_eval_every(steps)
+        scored = {s for s in range(1, steps + 1) if s % every == 0} | {steps}  # the steps train.py scores
+        assert len(scored) <= 8 and (steps != 8000 or len(scored) == 8), (steps, every, len(scored))
+    ten = [{"mlm": float(i)} for i in range(10)]
+    assert ablation.stage1_summary(ten) == "MLM loss 4.50 over its first 10 steps, 4.50 over its last 10"
+    many = [{"mlm": 1.0}] * 50 + [{"mlm": 3.0}] * 950
+    assert ablation.stage1_summary(many) == "MLM loss 1.00 over its first 50 steps, 3.00 over its last 500"
+    (tmp_path / "run.log").write_text("tokenizer: ...\nerror: no documents in the data: 2 files\n")
+    assert ablation.failure(tmp_path / "run.log") == "no documents in the data: 2 files"
+
+
 def test_stage2_documents_keep_every_paragraph_once(tmp_path):
     """Books written as CRLF paragraphs come back as documents of at least doc_chars characters, made of whole
     paragraphs in their order, none lost or repeated; each share's file is the first p% of the 100% one."""

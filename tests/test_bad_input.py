@@ -11,12 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import common as C
 import embed as E
 import evaluate_sts as V
 import model as M
 import train as T
 from conftest import ROOT
+from support import runs
+from support.cli import UserError
+from support.files import write_atomic
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +285,40 @@ def test_scratch_refuses_a_folder_that_holds_files(tmp_path, docs, capsys):
     assert [p.name for p in (tmp_path / "m").iterdir()] == ["notes.txt"]
 
 
+def test_every_machine_says_why_it_stops(monkeypatch, capsys):
+    """Under torchrun every rank raises the same error: the first process of each machine prints it, so that every
+    machine's log says what stopped it (SIGTERM's line too), and no other; a rank's own error, by that rank."""
+    from support.cli import cli
+
+    @cli
+    def main(argv=None):
+        raise UserError("the reason", alone=argv == ["alone"])
+
+    for rank, local, argv, printed in (("0", "0", [], True), ("2", "0", [], True), ("3", "1", [], False),
+                                       ("3", "1", ["alone"], True)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local)
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert capsys.readouterr().err == ("error: the reason\n" if printed else ""), (rank, local)
+
+
+def test_scratch_refuses_data_without_text_and_an_out_that_is_a_file(tmp_path, docs, capsys):
+    """model.py scratch as train.py: a corpus with no document (one empty file) is one line, and nothing is written;
+    an --out that is a file is one line, exit 2, the file as it was."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "only.txt").write_text("")
+    code, line = fails(M.main, ["scratch", "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "m")], capsys)
+    assert (code, line) == (1, "error: no documents in the data: 1 files, 0 documents; skipped 1 empty, 0 binary, "
+                               "0 malformed") and not (tmp_path / "m").exists()
+    (tmp_path / "a-file").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        code, line = fails(M.main, ["scratch", "--corpus", str(docs), "--out", str(tmp_path / "a-file"), *extra],
+                           capsys)
+        assert (code, line) == (2, f"error: --out {tmp_path / 'a-file'}: is a file, not a folder")
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
 def test_sampler_flags(tmp_path, docs, capsys):
     import sampler as S
 
@@ -375,7 +411,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_can_start_again(tmp_path,
     monkeypatch.setattr(T, "train_step", lambda *a, **k: {**real(*a, **k), "mlm": float("nan")})
     code, line = fails(T.main, args, capsys)
     assert code == 1 and "loss is nan at step 1" in line
-    assert {p.name for p in (tmp_path / "r").iterdir()} <= {"metrics.jsonl", C.LOCK}  # the lock, given up
+    assert {p.name for p in (tmp_path / "r").iterdir()} <= {"metrics.jsonl", runs.LOCK}  # the lock, given up
     monkeypatch.undo()
     T.main(args)  # no --overwrite
     assert (tmp_path / "r" / "model" / "model.safetensors").exists()
@@ -405,8 +441,8 @@ def test_a_clean_up_that_fails_does_not_hide_the_error_it_cleans_up_after(tmp_pa
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(Path, "unlink", read_only)
-    with pytest.raises(C.UserError, match=r"scores\.json: cannot write \(Read-only file system\)$"):
-        C.write_atomic(tmp_path / "scores.json", read_only)
+    with pytest.raises(UserError, match=r"scores\.json: cannot write \(Read-only file system\)$"):
+        write_atomic(tmp_path / "scores.json", read_only)
 
 
 def test_model_py_into_a_folder_that_cannot_be_made_is_one_line(tmp_path, tiny, capsys):
@@ -442,6 +478,22 @@ def test_embed_with_standard_input_closed_is_one_line(tmp_path, tiny):
                        stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))  # as `<&-` does
     assert r.returncode == 1 and r.stderr == "error: -: standard input is closed; pipe the texts in, or name a file\n"
     assert not (tmp_path / "e.npy").exists()
+
+
+def test_evaluate_names_the_task_that_is_missing(tmp_path, tiny, capsys, monkeypatch):
+    """--tasks names a task the folder lacks: the line names it and the file it needs (and what the folder has);
+    offline without --data, the STS Benchmark's line asks for the split's own file only."""
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text("g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\n")
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "sts"), "--split", "dev", "--tasks",
+                                "SICKR"], capsys)
+    assert (code, line) == (1, f"error: {tmp_path / 'sts'}: no dev files of SICKR (SICK_trial.txt or SICK.txt); "
+                               f"it has STSB")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for split in ("dev", "test"):
+        code, line = fails(V.main, ["--model", str(tiny), "--split", split], capsys)
+        assert code == 1 and line.endswith(f"pass --data with a folder holding sts-{split}.csv"), line
 
 
 @pytest.mark.parametrize("content, expect", [

@@ -91,7 +91,8 @@ def test_auto_dtype_on_a_cpu_is_what_the_processor_multiplies(monkeypatch, capsy
     """--dtype auto on a CPU (embed.py, evaluate_sts.py): bf16 where torch reports AMX or AVX512-BF16, fp32
     elsewhere (both faked here); training's auto stays fp32 on any CPU. bf16 by hand on a CPU with neither runs, with
     one line saying it is emulated; fp16 is a GPU's."""
-    import common
+    from support import device
+    from support.cli import UserError
 
     cpu = torch.device("cpu")
     for amx, avx512_bf16, want in ((True, True, torch.bfloat16), (True, False, torch.bfloat16),
@@ -100,13 +101,13 @@ def test_auto_dtype_on_a_cpu_is_what_the_processor_multiplies(monkeypatch, capsy
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         assert E.device_and_dtype("cpu", "auto") == (cpu, want)
         assert E.device_and_dtype("cpu", "fp32") == (cpu, None)
-        assert common.autocast_dtype("auto", cpu) is None  # train.py's
+        assert device.autocast_dtype("auto", cpu) is None  # train.py's
     assert capsys.readouterr().err == ""
     assert E.device_and_dtype("cpu", "bf16") == (cpu, torch.bfloat16)  # by hand, without the hardware
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: --dtype bf16: this CPU has neither AMX nor AVX512-BF16")
     assert "emulated, about 400x slower than fp32" in err
-    with pytest.raises(common.UserError, match="--dtype fp16 is for GPUs"):
+    with pytest.raises(UserError, match="--dtype fp16 is for GPUs"):
         E.device_and_dtype("cpu", "fp16")
 
 
@@ -160,6 +161,26 @@ def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     rows = [json.loads(line)["embedding"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and abs(np.linalg.norm(rows[2]) - 1) < 1e-5
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
+
+
+def test_gzipped_inputs_read_as_train_py_reads_them(tmp_path, tiny):
+    """.txt.gz and .jsonl.gz, as train.py takes its documents: the same rows as the plain files (and a .gz cut short
+    is one line)."""
+    import gzip
+
+    lines, docs = "first\n\nthird line\n", json.dumps({"text": "fifth"}) + "\n" + json.dumps({"text": "sixth"}) + "\n"
+    for name, text in (("a.txt", lines), ("b.jsonl", docs)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress(text.encode()))
+    for plain, zipped in (("a.txt", "a.txt.gz"), ("b.jsonl", "b.jsonl.gz")):
+        for f, out in ((plain, "p.npy"), (zipped, "z.npy")):
+            r = run("--model", tiny, tmp_path / f, "--output", tmp_path / out, "--overwrite", "--dtype", "fp32")
+            assert r.returncode == 0, r.stderr
+        assert np.load(tmp_path / "z.npy").shape[0] == (3 if plain == "a.txt" else 2)
+        np.testing.assert_array_equal(np.load(tmp_path / "z.npy"), np.load(tmp_path / "p.npy"))
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(lines.encode() * 100)[:40])
+    r = run("--model", tiny, tmp_path / "cut.txt.gz", "--output", tmp_path / "c.npy")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cut.txt.gz: cannot read" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "utf8", "jsonl", "unwritable"])

@@ -12,8 +12,8 @@ import pytest
 
 import evaluate_sts as E
 import model as M
-from common import UserError
 from conftest import SHARED, minilm, need, stsb_dev
+from support.cli import UserError
 
 
 def test_rankdata_averages_ties():

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-import common
 import embed
 import evaluate_sts
 import model as M
 import train as T
 from conftest import ROOT, bench_script, synthetic_batch, tiny_encoder
+from support import device, processes, runs
+from support.chunks import length_groups
+from support.cli import UserError
 from test_train import assert_same, free_port, run_args, step_grads, torchrun, trace
 
 
@@ -73,7 +75,7 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_way_out(tmp_path, docs, 
                           "--chunk-tokens 4096") and "fewer documents" in line
     assert line.endswith(f"last checkpoint: {ckpt}")
     assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before
-    assert common.checkpoints(tmp_path / "r") == [ckpt]
+    assert runs.checkpoints(tmp_path / "r") == [ckpt]
     assert [s for s, *_ in trace(tmp_path / "r")] == [1, 2]
 
 
@@ -103,8 +105,8 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     gpu_check = bench_script("gpu_check")
     # train.py's: processes() as under torchrun (here with a store of its own), then the process group and DDP
     def train_set_up():
-        proc = dataclasses.replace(common.processes(), store=dist.HashStore())
-        common.init_process_group(proc, 60)
+        proc = dataclasses.replace(processes.processes(), store=dist.HashStore())
+        processes.init_process_group(proc, 60)
         return proc
 
     for set_up in (train_set_up, lambda: gpu_check.one_rank_process_group(gpu_check.device(dry=False))):
@@ -126,9 +128,9 @@ def test_auto_dtype_follows_the_gpu(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for has_bf16, want in ((True, torch.bfloat16), (False, torch.float16)):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, b=has_bf16: b)
-        assert common.autocast_dtype("auto", cuda) == want
-    assert common.autocast_dtype("auto", cpu) is None and common.autocast_dtype("fp32", cuda) is None
-    assert common.autocast_dtype("fp16", cpu) == torch.float16 and common.autocast_dtype("bf16", cuda) == torch.bfloat16
+        assert device.autocast_dtype("auto", cuda) == want
+    assert device.autocast_dtype("auto", cpu) is None and device.autocast_dtype("fp32", cuda) is None
+    assert device.autocast_dtype("fp16", cpu) == torch.float16 and device.autocast_dtype("bf16", cuda) == torch.bfloat16
 
 
 def test_embed_names_the_gpu_by_its_index_or_says_there_is_none(tmp_path, monkeypatch, capsys):
@@ -149,7 +151,7 @@ def test_embed_names_the_gpu_by_its_index_or_says_there_is_none(tmp_path, monkey
     assert embed.device_and_dtype("cuda:1", "auto")[0] == torch.device("cuda", 1)
     for name, why in (("cuda:4", "this machine has 4 GPU(s)"), ("tpu", "not a device this project runs on"),
                       ("bogus", "not a device this project runs on")):
-        with pytest.raises(common.UserError, match=re.escape(f"--device {name}: {why}")) as e:
+        with pytest.raises(UserError, match=re.escape(f"--device {name}: {why}")) as e:
             embed.device_and_dtype(name, "auto")
         assert e.value.code == 2
 
@@ -186,7 +188,7 @@ def test_fp16_step_and_its_loss_scaler_on_a_cpu():
 def test_fp16_run_keeps_its_scaler_in_the_checkpoint(tmp_path, docs):
     T.main(run_args(docs, tmp_path / "h", "--steps", "3", "--ckpt-every", "3", "--dtype", "fp16"))
     assert all(np.isfinite([c + m for _, c, m in trace(tmp_path / "h")]))
-    state = common.read_train_state(tmp_path / "h" / "checkpoints" / "step-00000003")
+    state = runs.read_train_state(tmp_path / "h" / "checkpoints" / "step-00000003")
     assert state["scaler"]["scale"] > 0 and state["config"]["dtype"] == "fp16"
     T.main(["--out", str(tmp_path / "h"), "--resume", "--steps", "4"])
     assert [s for s, *_ in trace(tmp_path / "h")] == [1, 2, 3, 4]
@@ -230,9 +232,9 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
     dynamo.utils.counters.clear()
     args = ["--steps", "25", "--compile", "--min-span", "4", "--max-span", "48", "--chunk-tokens", "96"]
     T.main(run_args(docs, tmp_path / "plain", *args))
-    assert T.compiled_graphs() == (1, False)
+    assert device.compiled_graphs() == (1, False)
     T.main(run_args(docs, tmp_path / "gc", *args, "--grad-cache"))
-    assert T.compiled_graphs() == (2, False)  # GradCache: the same graph, and one without gradients
+    assert device.compiled_graphs() == (2, False)  # GradCache: the same graph, and one without gradients
     out = capsys.readouterr().out
     assert out.count("--compile: 1 graph(s) compiled\n") == 1 and out.count("--compile: 2 graph(s) compiled\n") == 1
     # and the count would tell: the same chunks given as before (no positions where there is no padding, no targets
@@ -251,7 +253,7 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
                     nonpad = None if mask.all() else nonpad
                     mlm_at, targets = (mlm_at, targets) if (targets != -100).any() else (None, None)
                 compiled.chunk_forward(compiled.encoder, ids, mask, nonpad, mlm_at, targets, scale)
-        assert (T.compiled_graphs()[0] > 1) == old_inputs
+        assert (device.compiled_graphs()[0] > 1) == old_inputs
 
 
 def cuda_alignment_backend(gm, example_inputs):
@@ -294,11 +296,11 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
         widths = set()
         for batch in batches:
             spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, multiple=multiple)
-            spans.mlm_scale = T.mlm_scale(spans.n_masked, 1, spans.device)
+            scale = T.mlm_scale(spans.n_masked, 1, spans.device)
             for k in range(len(spans.chunks)):
                 widths.add(spans.chunks[k][0].shape[1] % 8)
-                compiled.chunk(spans, k)
-        graphs[multiple] = T.compiled_graphs()[0]
+                compiled.chunk(spans, k, scale)
+        graphs[multiple] = device.compiled_graphs()[0]
         assert (len(widths) > 1) == (multiple == 1)  # both kinds of width occur, unless padded
     assert graphs == {1: 2, 8: 1}
 
@@ -380,7 +382,7 @@ def test_the_host_side_plan_matches_the_device_side_way():
     assert spans.n_masked == int((batch["mlm_labels"] != -100).sum())
     assert float(T.mlm_scale(spans.n_masked, 1, spans.device)) == pytest.approx(1 / spans.n_masked)
     # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
-    gpu = T.length_groups(spans.lengths, 200, spread=0.0)
+    gpu = length_groups(spans.lengths, 200, spread=0.0)
     assert len(gpu) < len(spans.groups)
     assert all(len(g) * spans.lengths[g].max() <= 200 < (len(g) + 1) * spans.lengths[g].max() for g in gpu[:-1])
 

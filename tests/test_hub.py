@@ -14,10 +14,10 @@ import urllib.parse
 import pytest
 import torch
 
-import hub as H
 import model as M
-from common import UserError
 from conftest import ROOT, oracle
+from support import hub as H
+from support.cli import UserError
 
 transformers = oracle("transformers")
 
@@ -186,7 +186,7 @@ def test_a_revision_pins_what_loads(hub, tmp_path, capsys, docs):
     train.main(["--model", "org/tiny", "--data", str(docs), "--out", str(tmp_path / "run"), "--steps", "2",
                 "--docs-per-step", "4", "--min-span", "4", "--max-span", "16", "--workers", "0",
                 "--cache-dir", str(tmp_path / "cache")])
-    from common import read_train_state
+    from support.runs import read_train_state
 
     stored = read_train_state(tmp_path / "run" / "checkpoints" / "step-00000002")["config"]
     assert stored["model"] == f"org/tiny@{NEW}"  # the commit the run started from, not "main"

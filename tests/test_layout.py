@@ -1,6 +1,7 @@
-"""The project's shape, read from its source with ast: imports that run one way (no cycle; the support modules
-import no method file back), no one-letter module aliases in the method files, the sampler's settings written once,
-and a README that stays a tutorial whose docs are all linked."""
+"""The project's shape, read from its source with ast: the six method files alone at the top, the machinery in
+support/, imports that run one way (the method files down their own order, support never into a method file), no
+one-letter module aliases in the method files, the sampler's settings written once, and a README that stays a
+tutorial whose docs are all linked."""
 import ast
 import re
 from dataclasses import fields
@@ -8,23 +9,41 @@ from dataclasses import fields
 from conftest import ROOT
 
 METHOD = ("sampler", "model", "loss", "train", "embed", "evaluate_sts")
-SUPPORT = ("common", "hub")
+# What each method file may import of the others: train -> evaluate_sts -> embed -> model; train -> sampler -> model;
+# train -> loss
+METHOD_IMPORTS = {"model": set(), "loss": set(), "sampler": {"model"}, "embed": {"model"},
+                  "evaluate_sts": {"embed", "model"}, "train": {"evaluate_sts", "embed", "sampler", "model", "loss"}}
+
+
+def modules() -> dict[str, object]:
+    """{name: path} of the project's modules: the top level's by stem, support's as support.NAME."""
+    found = {p.stem: p for p in ROOT.glob("*.py")}
+    found.update({f"support.{p.stem}": p for p in (ROOT / "support").glob("*.py") if p.stem != "__init__"})
+    return found
 
 
 def project_imports() -> dict[str, set[str]]:
     """{module: the project modules it imports}, counting imports inside functions too."""
-    names = {p.stem for p in ROOT.glob("*.py")}
+    paths = modules()
     graph = {}
-    for name in names:
-        tree = ast.parse((ROOT / f"{name}.py").read_text())
+    for name, path in paths.items():
         found = set()
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                found |= {a.name.split(".")[0] for a in node.names}
+                found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                found.add(node.module.split(".")[0])
-        graph[name] = found & names - {name}
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in paths} - {name}
     return graph
+
+
+def layout_problems(graph: dict[str, set[str]]) -> list[str]:
+    """What breaks the house's rules in an import graph."""
+    problems = [f"{m} imports the method file(s) {sorted(graph[m] & set(METHOD))}" for m in graph
+                if m.startswith("support.") and graph[m] & set(METHOD)]
+    problems += [f"{m} imports {sorted(graph[m] & set(METHOD) - METHOD_IMPORTS[m])}" for m in METHOD
+                 if graph[m] & set(METHOD) - METHOD_IMPORTS[m]]
+    return problems
 
 
 def cycle(graph: dict[str, set[str]]):
@@ -49,19 +68,28 @@ def cycle(graph: dict[str, set[str]]):
     return None
 
 
+def test_the_top_level_holds_the_six_method_files_and_support_the_rest():
+    assert sorted(p.stem for p in ROOT.glob("*.py")) == sorted(METHOD)
+    assert {p.name for p in (ROOT / "support").glob("*.py")} >= {"__init__.py", "cli.py", "runs.py", "hub.py"}
+
+
 def test_imports_run_one_way():
     graph = project_imports()
-    assert set(METHOD) | set(SUPPORT) <= set(graph)
+    assert set(METHOD) <= set(graph) and any(m.startswith("support.") for m in graph)
     assert cycle(graph) is None, " -> ".join(cycle(graph))
-    assert graph["common"] == set() and graph["hub"] == {"common"}
+    assert layout_problems(graph) == []
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # and the search finds a circle
+    # and the rules would tell: support importing a method file, a method file importing against the order
+    assert layout_problems({**graph, "support.runs": graph["support.runs"] | {"train"}}) == [
+        "support.runs imports the method file(s) ['train']"]
+    assert layout_problems({**graph, "model": {"sampler"}}) == ["model imports ['sampler']"]
 
 
 def test_no_one_letter_module_aliases_in_the_method_files():
     for name in METHOD:
         tree = ast.parse((ROOT / f"{name}.py").read_text())
         aliases = [a.asname for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-                   if a.asname and len(a.asname) == 1 and a.name in METHOD + SUPPORT]
+                   if a.asname and len(a.asname) == 1 and (a.name in METHOD or a.name.startswith("support"))]
         assert not aliases, (name, aliases)
 
 

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import embed as E
-import hub as H
 import model as M
-from common import UserError
 from conftest import minilm, oracle, stsb_sentences
+from support import hub as H
+from support.cli import UserError
 
 transformers = oracle("transformers")
 

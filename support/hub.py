@@ -1,7 +1,6 @@
 """
-hub.py: Hugging Face files: downloads, tokenizer formats, config.json, safetensors shards, pytorch_model.bin conversion.
-A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints. It imports
-no other file of the project but common.py.
+support/hub.py: Hugging Face files: downloads, tokenizer formats, config.json, safetensors shards, pytorch_model.bin
+conversion. A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints.
 
 - The hub, through huggingface_hub: only the files a checkpoint needs, into its cache ($HF_HOME/hub); HF_TOKEN,
   HF_ENDPOINT, HF_HUB_OFFLINE and `org/name@revision` honoured; each file checked against its hash (sha256 or git
@@ -21,10 +20,11 @@ import huggingface_hub
 import huggingface_hub.errors as hf_errors
 import safetensors.torch
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from common import Progress, UserError, first_line, make_dirs, offline, read_json, write_atomic
+from support.cli import Progress, UserError, first_line
+from support.files import make_dirs, offline, read_json, write_atomic
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -205,8 +205,7 @@ def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
     out = {}
     for f in files:
         try:
-            with safe_open(str(f), framework="pt") as s:
-                out.update({k: s.get_tensor(k) for k in s.keys()})
+            out.update(safetensors.torch.load_file(f))
         except (SafetensorError, OSError, RuntimeError) as e:
             raise UserError(f"{f}: not a readable safetensors file ({first_line(e)})") from None
     named = {_hf_name(k, prefix): v for k, v in out.items()}

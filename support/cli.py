@@ -1,0 +1,195 @@
+"""
+support/cli.py: the command line. One error type whose message is one line for the user, the wrapper that prints it
+and sets the exit code, the one way anything prints (rank 0 speaks for all), config dataclasses as flags with their
+ranges checked before any work, and progress lines for the long phases.
+"""
+import argparse
+import contextlib
+import functools
+import inspect
+import math
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import MISSING, field, fields
+
+
+class UserError(Exception):
+    """Input that cannot be used (a path, a flag, a checkpoint); the message is one line meant for the user.
+    Exit code 2 for a flag whose value is out of range (as argparse does), 1 for everything else. alone: under
+    torchrun, this rank alone meets it (the others would stop on their own), so it says it whatever its rank."""
+
+    def __init__(self, message: str, code: int = 1, alone: bool = False):
+        super().__init__(message)
+        self.code, self.alone = code, alone
+
+
+def cli(main):
+    """Wrap a script's main(argv): a UserError ends the process with `error: ...` on stderr and its exit code.
+    Under torchrun every rank raises the same error, and the first process of each machine prints it, so that every
+    machine's log says what stopped it and what to do there (a rank's own error, `alone`, by that rank)."""
+
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        try:
+            return main(argv)
+        except UserError as e:
+            say(f"error: {e}", file=sys.stderr, every_rank=e.alone, every_machine=True)
+            sys.exit(e.code)
+
+    return wrapped
+
+
+def say(*args, every_rank: bool = False, every_machine: bool = False, **kwargs):
+    """print, by rank 0 alone (every_machine: by the first process of each machine): under torchrun every rank runs
+    the same code, and one speaks for them all. The one way anything here prints."""
+    if every_rank or os.environ.get("LOCAL_RANK" if every_machine else "RANK", "0") == "0":
+        print(*args, **kwargs, flush=True)
+
+
+# -----------------------------------------------------------------------------------------------
+# Flags: one per config field, its comment as help, its range checked before any work
+
+
+def bounded(default, low=None, high=None, strict: bool = False):
+    """A config field whose value must lie in [low, high] ((low, high) when strict); either end may be open."""
+    return field(default=default, metadata={"low": low, "high": high, "strict": strict})
+
+
+def choice(default: str, *choices: str):
+    return field(default=default, metadata={"choices": [default, *choices]})
+
+
+def first_line(e: BaseException) -> str:
+    """Another library's error message, as much of it as fits in our one line: its first sentence, without the
+    [source file:line] that gloo's begin with."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip()) or type(e).__name__
+    return text.splitlines()[0].split(". ")[0][:200]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        raise UserError(message, code=2)
+
+
+def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
+    """A config dataclass from the command line: one flag per field (or a positional list for the fields named in
+    `positional`), the field's comment as its help, every default shown by --help. Ranges and choices are checked
+    here, then the class's own validate(), so that a bad value stops the run before any work."""
+    ap, lists = config_parser(cls, doc, positional)
+    cfg = cls(**{k: [] if k in lists and v is None else v for k, v in vars(ap.parse_args(argv)).items()})
+    for f in fields(cls):
+        _check_range(f, getattr(cfg, f.name))
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def given_fields(cls, argv=None) -> set[str]:
+    """The config fields that the command line names (`--lr 1e-3`, `--lr=1e-3`, `--no-mlm`): the same flags parsed
+    again with no defaults, so that only what was given is left."""
+    return set(vars(config_parser(cls, suppress=True)[0].parse_args(argv)))
+
+
+def config_parser(cls, doc: str = "", positional: tuple = (), suppress: bool = False):
+    """(the parser of cls's flags, the names of its list fields). A field's help is the comment on its line in the
+    class's source (`lr: float = 5e-5  # the help`), a subclass's over its base's."""
+    notes = {}
+    for klass in reversed([k for k in cls.__mro__ if k is not object]):
+        notes.update(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(klass), re.M))
+    ap, lists = OneLineParser(description=doc, allow_abbrev=False), set()
+    for f in fields(cls):
+        if f.name in positional:
+            ap.add_argument(f.name, nargs="+", help=notes.get(f.name, ""))
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        kw = dict(default=default, help=(notes.get(f.name, "") + " (default: %(default)s)").strip())
+        if f.type is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, list):  # --data a b, or --model a --model b
+            kw.update(nargs="+", type=str, action="extend", default=None)
+            lists.add(f.name)
+        else:
+            kw["type"] = type(default) if default is not None else str
+            if "choices" in f.metadata:
+                kw["choices"] = f.metadata["choices"]
+        if suppress:
+            kw["default"] = argparse.SUPPRESS
+        ap.add_argument("--" + f.name.replace("_", "-"), **kw)
+    return ap, lists
+
+
+def _check_range(f, value):
+    """A number inside its field's range; nan and inf never are (a float flag accepts them unless refused here)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    low, high, strict = f.metadata.get("low"), f.metadata.get("high"), f.metadata.get("strict")
+    # written as what is allowed, so that nan (false in every comparison) is refused
+    above = low is None or (value > low if strict else value >= low)
+    below = high is None or (value < high if strict else value <= high)
+    if above and below and math.isfinite(value):
+        return
+    finite = ", and finite" if isinstance(value, float) else ""
+    low, high = (f"{x:g}" if isinstance(x, float) else x for x in (low, high))
+    if low is not None and high is not None:
+        want = f"between {low} and {high}" + (", both excluded" if strict else "")
+    elif low is not None:
+        want = (f"greater than {low}" if strict else f"at least {low}") + finite
+    elif high is not None:
+        want = (f"less than {high}" if strict else f"at most {high}") + finite
+    else:
+        want = "a finite number"
+    raise UserError(f"--{f.name.replace('_', '-')} {value}: must be {want}", code=2)
+
+
+# -----------------------------------------------------------------------------------------------
+# Progress of the long phases
+
+
+class Progress:
+    """A long phase's progress on stderr: it says what it does when it starts, then a live line on a terminal, or
+    otherwise a plain line every `every` seconds (DECLUTR_PROGRESS_EVERY overrides 10), then how it ended."""
+
+    def __init__(self, label: str, start: str, quiet: bool = False):
+        self.label, self.quiet, self.tty = label, quiet, sys.stderr.isatty()
+        self.every = float(os.environ.get("DECLUTR_PROGRESS_EVERY", "10"))
+        self.t0 = self.last = time.time()
+        self.note(start)
+
+    def __call__(self, text: str):
+        """Report `text` (where the phase is) if a report is due."""
+        now = time.time()
+        if self.tty and now - self.last >= 0.2:
+            self.last = now
+            if not self.quiet:
+                say(f"\r{self.label}: {text}\033[K", end="", file=sys.stderr)
+        elif not self.tty and now - self.last >= self.every:
+            self.last = now
+            self.note(f"{text} ({now - self.t0:.0f}s)")
+
+    @contextlib.contextmanager
+    def ticking(self, status):
+        """Report status() every second (so, when due) while a call that reports nothing runs (it must release the
+        GIL, as the tokenizers library's trainer does). The first chance comes at once, so that even a call shorter
+        than a second has one (a report only if one is due: with the default `every`, none)."""
+        stop = threading.Event()
+
+        def tick():
+            self(status())
+            while not stop.wait(1.0):
+                self(status())
+
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def note(self, text: str):
+        """A line now (over the live line, on a terminal): the phase begins, ends, or moves on."""
+        if not self.quiet:
+            say(("\r\033[K" if self.tty else "") + f"{self.label}: {text}", file=sys.stderr)

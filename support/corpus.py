@@ -1,0 +1,291 @@
+"""
+support/corpus.py: the user's documents, read once and kept as token ids. Files are .txt (a document each) or .jsonl
+(a document per line, field "text"), maybe gzipped, or folders of them; each document is cleaned as the original
+DeCLUTR cleans it, tokenised with the model's own tokenizer on every core, and written as one flat token file plus
+document offsets, read back as a numpy memmap and cached by the files' names, sizes and times, the cleaning and the
+tokenizer. Also the demo's documents: text every Python installation carries.
+"""
+import array
+import collections
+import gzip
+import hashlib
+import io
+import itertools
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from support.cli import Progress, UserError, say
+from support.files import cache_dir, remove_stale_temporaries, writable_cache, write_atomic
+
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+
+
+def list_files(paths) -> list[Path]:
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or directory")
+    if not files:
+        raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
+    return files
+
+
+def clean_text(text: str) -> str:
+    """The original DeCLUTR's cleaning: every run of whitespace (spaces, tabs, newlines) becomes one space. Without it
+    a byte-level BPE spends about a tenth of its tokens on whitespace, which would count toward span lengths and be
+    MLM targets."""
+    return " ".join(text.split())
+
+
+def json_text(line: str):
+    """The string field "text" of one JSONL line, or None when the line is not an object that has one."""
+    try:
+        text = json.loads(line).get("text")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return text if isinstance(text, str) else None
+
+
+def open_bytes(f: Path):
+    """A file's bytes, gunzipped if its name ends in .gz."""
+    return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
+
+
+def read_lines(path: Path, stdin_copy: Path | None = None):
+    """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the "text" of each line of a
+    .jsonl, either maybe gzipped; "-" is standard input (its spooled copy). One line for what cannot be read."""
+    src, name = (stdin_copy, "stdin") if str(path) == "-" else (path, str(path))
+    jsonl = ".jsonl" in Path(name).name
+    try:
+        with open_bytes(Path(src)) as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+                except UnicodeDecodeError as e:
+                    raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+                if not jsonl:
+                    yield line
+                elif line.strip():
+                    if (text := json_text(line)) is None:
+                        raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
+                    yield text
+    except (OSError, EOFError) as e:  # EOFError: a .gz cut short
+        raise UserError(f"{name}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+
+
+def read_documents(files, stats, clean: bool = True):
+    """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty, binary,
+    malformed) and what was repaired (undecodable bytes)."""
+    for f in files:
+        for text in _file_texts(f, stats):
+            if text is None:
+                stats["malformed"] += 1
+            elif not text.strip():
+                stats["empty"] += 1
+            else:
+                yield clean_text(text) if clean else text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _file_texts(f: Path, stats):
+    """One file's texts: the whole of a .txt, each line's "text" of a .jsonl (None where a line has none), streamed
+    (a .jsonl may be larger than memory); nothing of a binary file. A byte that is not UTF-8 becomes U+FFFD, counted."""
+    replaced, jsonl = 0, ".jsonl" in f.name
+    try:
+        with open_bytes(f) as raw:
+            if b"\x00" in raw.peek(8192)[:8192]:  # binary, as git and grep decide it
+                stats["binary"] += 1
+                return
+            # newline=None turns CRLF and CR into LF; a byte that is not UTF-8 comes in as a stand-in (below)
+            lines = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=None)
+            for text in (line for line in lines if line.strip()) if jsonl else [lines.read()]:
+                text, n = UNDECODABLE.subn("\ufffd", text)
+                replaced += n
+                yield json_text(text) if jsonl else text
+    except (OSError, EOFError) as e:
+        raise UserError(f"{f}: cannot read ({e})") from None
+    stats["files_repaired"] += replaced > 0
+    stats["bytes_replaced"] += replaced
+
+
+# surrogateescape's stand-ins for the bytes that are not UTF-8, one per byte: each becomes U+FFFD
+UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
+    """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
+    scratch learns from (64M characters are plenty for its vocabulary), cleaned as the corpus is. The first is read
+    at once: data without a single document is one line here, as the sampler says it of a corpus."""
+    stats, files = collections.Counter(), list_files(paths)
+    texts = read_documents(files, stats, clean)
+    first = next(texts, None)
+    if first is None:  # every file empty, binary or malformed
+        raise UserError(f"no documents in the data: {len(files):,} files, 0 documents; skipped {stats['empty']} empty, "
+                        f"{stats['binary']} binary, {stats['malformed']} malformed")
+    return _up_to(itertools.chain([first], texts), max_chars)
+
+
+def _up_to(texts, max_chars: int):
+    for text in texts:
+        yield text[:max_chars]
+        max_chars -= len(text)
+        if max_chars <= 0:
+            return
+
+
+# -----------------------------------------------------------------------------------------------
+# The corpus: read every document once, tokenise, keep the ids on disk
+
+
+class Corpus:
+    """Token ids of every document, flat on disk: document i is tokens[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.offsets = np.load(directory / "offsets.npy")
+        self.lengths = np.diff(self.offsets)
+        self._tokens = None
+
+    @property
+    def tokens(self):  # opened lazily, so each DataLoader worker maps the file itself
+        if self._tokens is None:
+            self._tokens = np.memmap(self.dir / "tokens.bin", dtype=self.meta["dtype"], mode="r") \
+                if self.meta["tokens"] else np.zeros(0, dtype=self.meta["dtype"])
+        return self._tokens
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tokens": None}
+
+    def __len__(self):
+        return len(self.lengths)
+
+
+def prepare_corpus(paths, tok, cache: str = "", clean: bool = True) -> Corpus:
+    """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
+    into a cached memmap."""
+    files = list_files(paths)
+    # The cache key: the tokenizer, the cleaning, and each file's path, size and time
+    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    root = writable_cache(cache)
+    remove_stale_temporaries(root)  # what a preparation that was killed left
+    out = root / f"corpus-{key.hexdigest()[:20]}"
+    if (out / "meta.json").exists():
+        corpus = Corpus(out)
+        say(f"corpus: reusing {out}: {corpus.meta['summary']}", file=sys.stderr)
+        return corpus
+    progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}")
+    # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
+    # folder is kept
+    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean), keep_existing=True)
+    corpus = Corpus(out)
+    progress.note(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
+    return corpus
+
+
+def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool):
+    """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
+    folder.mkdir()
+    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
+    stats = dict(files=len(files), documents=0, empty=0, binary=0, malformed=0, files_repaired=0, bytes_replaced=0)
+    offsets = array.array("q", [0])  # 8 bytes a document
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
+    with open(folder / "tokens.bin", "wb") as f:
+        for texts in _batches(read_documents(files, stats, clean), 1 << 24):
+            for e in encode(texts, add_special_tokens=False):
+                ids = np.asarray(e.ids, dtype=dtype)
+                f.write(ids.tobytes())
+                offsets.append(offsets[-1] + len(ids))
+            progress(f"{len(offsets) - 1:,} documents, {offsets[-1]:,} tokens, "
+                     f"{offsets[-1] / (time.time() - progress.t0):,.0f} tokens/s")
+    stats["documents"], stats["tokens"] = len(offsets) - 1, offsets[-1]
+    np.save(folder / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
+    summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
+               f"{stats['empty']} empty, {stats['binary']} binary, {stats['malformed']} malformed; "
+               f"{stats['bytes_replaced']} undecodable bytes replaced in {stats['files_repaired']} files")
+    meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files])
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _batches(texts, max_chars: int):
+    """Lists of texts of about `max_chars` characters (16M): memory stays bounded, every core stays busy."""
+    batch, chars = [], 0
+    for text in texts:
+        batch.append(text)
+        chars += len(text)
+        if chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def check_usable(corpus: Corpus, cfg, floor: int, usable: int, steps: int, world: int, max_span: int,
+                 max_tokens: int, paper_max_span: int):
+    """One line for documents the sampler cannot use (none, none long enough, too few for a step), or what it uses;
+    a --max-span lowered to fit the model's positions is said, unless it is the paper's (its 512 counts the span
+    inside <s> ... </s>)."""
+    if max_span < cfg.max_span != paper_max_span:
+        say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
+            f"using {max_span}", file=sys.stderr)
+    if len(corpus) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
+        raise UserError(f"no documents in the data: {corpus.meta['summary']}")
+    if usable == 0:
+        raise UserError(f"no document has the {floor:,} tokens that {cfg.num_anchors} anchors need (2·A·l_max); the "
+                        f"longest has {int(corpus.lengths.max(initial=0)):,}. Lower --max-span or pass "
+                        f"--scale-short-docs")
+    if cfg.docs_per_step // world == 0 or steps == 0:
+        raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
+                        f"{world} ranks")
+    say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {floor:,} tokens; "
+        f"{steps:,} steps per epoch", file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------------------------
+# The demo's documents
+
+
+def demo_corpus(cache: str) -> Path:
+    """Text that every Python installation carries, one document per file: the language reference's help
+    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    root = cache_dir(cache) / "demo-corpus"
+    if root.exists():
+        return root
+    progress = Progress("demo", f"collecting Python's help topics and docstrings into {root}")
+    docs = {f"topic-{k}": v for k, v in topics.items()}
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
+            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+
+    def write(folder: Path):
+        folder.mkdir(parents=True)
+        for name, text in docs.items():
+            if len(text) > 2000:
+                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+
+    writable_cache(cache)
+    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
+    progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
+    return root

@@ -1,0 +1,199 @@
+"""
+support/device.py: where the numbers are computed, and in what. Token rows padded into a batch and copied to the
+device without waiting, the next item prepared while this one runs, the device and precision that --device and
+--dtype mean, torch's CPU threads, the random state a GradCache replay restores, and what torch.compile built.
+"""
+import concurrent.futures
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from support.cli import UserError, bounded, choice, say
+
+
+def padding_mask(lengths, T: int) -> np.ndarray:
+    """(B, T) bool: True at the real tokens of rows of these lengths, padded on the right to T."""
+    return np.arange(T)[None] < np.asarray(lengths)[:, None]
+
+
+def pad_rows(rows, pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows of any lengths -> (B, T) int64 ids padded on the right to the longest (or to `width`, if wider),
+    and their 0/1 mask."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    ids = np.full((len(rows), max(width, int(lengths.max(initial=0)))), pad_id, dtype=np.int64)
+    mask = padding_mask(lengths, ids.shape[1])
+    if len(rows):
+        ids[mask] = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
+    return ids, mask.astype(np.int64)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device. To a GPU from page-locked memory and without waiting: the copy runs while the host
+    goes on, and the GPU never waits for the host to stage it (torch's pinned-memory cache keeps the buffer until the
+    copy is done)."""
+    if not array.flags.c_contiguous or min(array.strides, default=0) < 0:  # a reversed view, even of one element
+        array = array.copy()
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def prefetched(items, work):
+    """work(item) for each item, in order, the next one computed in a thread while the caller uses this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead = None
+        for item in items:
+            nxt = pool.submit(work, item)
+            if ahead is not None:
+                yield ahead.result()
+            ahead = nxt
+        if ahead is not None:
+            yield ahead.result()
+
+
+# -----------------------------------------------------------------------------------------------
+# Device and precision
+
+
+@dataclass
+class Precision:  # train.py's --dtype
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it
+
+
+@dataclass
+class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
+    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 if the GPU/CPU has it; else GPU fp16, CPU fp32
+    device: str = "auto"  # auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...
+    threads: int = bounded(0, 0)  # torch CPU threads; 0: the cores free when it starts (as train.py's)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX, or AVX512-BF16); elsewhere oneDNN emulates it, about 400x
+    slower than fp32 (a 2048^2 matmul on an AVX2-only AMD EPYC: 0.27 against 113 GFLOP/s)."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+
+
+def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
+    """--dtype as the dtype autocast computes in (None: fp32, no autocast). auto: bf16 on a GPU with bf16 tensor cores,
+    fp16 on one without (a T4, a V100; the original DeCLUTR trained in fp16, loss-scaled); on a CPU, bf16 where it
+    multiplies bf16 in hardware and `cpu_bf16` asks for it (embedding), else fp32 (training)."""
+    if name == "auto" and device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    if name == "auto" and cpu_bf16 and cpu_has_bf16():
+        return torch.bfloat16
+    return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def autocast(dtype, device: torch.device):
+    """Mixed precision in `dtype` (autocast_dtype's) on the device; fp32 (None) is no autocast at all."""
+    if dtype in (None, torch.float32):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def pick_device(name: str) -> torch.device:
+    """--device: auto, cpu, cuda or cuda:N, as a device this torch has; a GPU always by its index (NCCL and DDP want
+    one)."""
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: not a device this project runs on (auto, cpu, cuda, cuda:N)", code=2)
+    if device.type == "cpu":
+        return device
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name}: this torch sees no GPU (torch.cuda.is_available() is False)", code=2)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)", code=2)
+    return torch.device("cuda", index)
+
+
+# -----------------------------------------------------------------------------------------------
+# CPU threads
+
+
+def default_threads() -> int:
+    """This rank's share of the cores that are free when it starts, at least one. torch's threads meet at a barrier
+    after every operation, so one that shares its core with a busy process makes the others wait for it: on 2 cores
+    beside one busy process, 2 threads ran at 0.4 of their idle speed and 1 thread at 0.6 of it; alone, 2 threads are
+    1.9x 1 (all-MiniLM-L6-v2 in bf16, docs/measurements.md). A core counts as free when it was idle at least 3/4 of
+    the moment measured."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return max(1, int(free_cores(cpus) + 0.25) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def free_cores(cpus, seconds: float = 0.1) -> float:
+    """How many of these CPUs sat idle over the next `seconds` (this process sleeps meanwhile), by /proc/stat; all
+    of them where that cannot be read (not Linux)."""
+    try:
+        before = _cpu_times(cpus)
+        time.sleep(seconds)
+        after = _cpu_times(cpus)
+    except (OSError, ValueError, KeyError):
+        return float(len(cpus))
+    free = 0.0
+    for cpu in cpus:
+        idle, total = (a - b for a, b in zip(after[cpu], before[cpu], strict=True))
+        free += idle / total if total > 0 else 1.0
+    return free
+
+
+def _cpu_times(cpus) -> dict[int, tuple[int, int]]:
+    """{cpu: (idle ticks, all ticks)} since boot: /proc/stat's cpuN lines (user, nice, system, idle, iowait, irq,
+    softirq, steal, ...)."""
+    times = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *ticks = line.split()
+            if name.startswith("cpu") and name[3:].isdigit():
+                ticks = [int(t) for t in ticks[:8]]
+                times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return {cpu: times[cpu] for cpu in cpus}
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int):
+    """torch's CPU threads while a script runs: n, or default_threads(); as they were afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or default_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# -----------------------------------------------------------------------------------------------
+# Random state and compiled graphs
+
+
+def rng_state(device):
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def compiled_graphs() -> tuple[int, bool]:
+    """(graphs torch.compile has built in this process, whether it reached its recompile limit and fell back to eager).
+    Spans gives every chunk the same kinds of input, so a run builds one graph, two with GradCache (with and without
+    gradients)."""
+    counters = torch._dynamo.utils.counters
+    gave_up = any(k.startswith("Dynamo recompile limit") for k in counters["unimplemented"])
+    return counters["stats"]["unique_graphs"], gave_up
+
+
+def say_compiled():
+    """--compile's last line: how many graphs it built, and whether it ever gave up and ran chunks eager."""
+    graphs, gave_up = compiled_graphs()
+    say(f"--compile: {graphs} graph(s) compiled" + (
+        "; the recompile limit was reached, and the chunks after it ran eager" if gave_up else ""))

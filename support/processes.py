@@ -1,0 +1,109 @@
+"""
+support/processes.py: the processes of a run, as torchrun starts them or one plain process. They meet in torchrun's
+key-value store before any process group exists, so that what can take hours (training a tokenizer, tokenising the
+corpus) is made once while the others wait without a time limit; the process group comes after, its collectives
+waiting at most --ddp-timeout.
+"""
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from support.cli import UserError, first_line
+from support.corpus import Corpus, prepare_corpus
+from support.device import pick_device
+
+
+@dataclass
+class Process:
+    """This process among torchrun's: its ranks, its device, and the store where the processes meet."""
+    rank: int
+    local: int  # rank on this machine
+    world: int
+    device: torch.device
+    store: object = None  # None for one process
+    node: str = "0"  # torchrun's GROUP_RANK: which machine
+
+
+def processes() -> Process:
+    """This process as torchrun started it, or one plain process. One GPU per process; no process group yet."""
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world, device = int(os.environ.get("WORLD_SIZE", "1")), torch.device("cpu")
+    if torch.cuda.is_available():
+        gpus, here = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if here > gpus:  # every rank of the machine says so, rank 0 among them (only rank 0 prints)
+            raise UserError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
+                            f"(torchrun --nproc_per_node={gpus})", code=2)
+        device = pick_device(f"cuda:{local}")
+        torch.cuda.set_device(device)
+    return Process(rank, local, world, device, rendezvous(rank, world), os.environ.get("GROUP_RANK", "0"))
+
+
+def rendezvous(rank: int, world: int):
+    """The key-value store where torchrun's processes meet, before any process group exists; None for one process."""
+    if world == 1:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timedelta(minutes=10)))
+    # torchrun's agent keeps its store across --max-restarts rounds: a prefix per round keeps restarted workers from
+    # reading what the workers before them published
+    return dist.PrefixStore(f"declutr/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def init_process_group(proc: Process, timeout_s: int):
+    """NCCL on GPUs, gloo on CPUs, for processes that met in a store (torchrun's; none for one plain process); a
+    collective that waits longer than timeout_s for another rank stops the job. The GPU is named with its index, as
+    NCCL's process group must be bound to one device (processes() sets it)."""
+    if proc.store is not None:
+        cuda = proc.device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=proc.store, rank=proc.rank, world_size=proc.world,
+                                timeout=timedelta(seconds=timeout_s), device_id=proc.device if cuda else None)
+
+
+def made_once(proc: Process, key: str, make, per_machine: bool = False) -> str:
+    """make() (a string) by rank 0, or with per_machine by the first process of each machine; the others wait for
+    it in the store, however long it takes: training a tokenizer or tokenising a corpus can take hours, longer than
+    any collective may wait, so no process group exists yet. The maker's UserError is raised on every process that
+    waits."""
+    key, maker = (f"{key}/{proc.node}", proc.local == 0) if per_machine else (key, proc.rank == 0)
+    if proc.store is None:
+        return make()
+    if maker:
+        try:
+            value = make()
+        except UserError as e:
+            proc.store.set(key, f"error:{e.code}:{e}")
+            raise
+        proc.store.set(key, "value:" + value)
+        return value
+    kind, value = _wait(proc.store, key).split(":", 1)
+    if kind == "error":
+        code, message = value.split(":", 1)
+        raise UserError(message, int(code))
+    return value
+
+
+def every_rank_says(proc: Process, key: str, what: str) -> list[str]:
+    """Every rank's `what`, in rank order, on every rank: each waits until all have said theirs."""
+    if proc.store is None:
+        return [what]
+    proc.store.set(f"{key}/{proc.rank}", what)
+    return [_wait(proc.store, f"{key}/{r}", f"rank {r}, saying its {key},") for r in range(proc.world)]
+
+
+def _wait(store, key: str, who: str = "") -> str:
+    try:
+        store.wait([key], timedelta(days=7))
+    except dist.DistError as e:
+        raise UserError(f"{who or f'the process preparing {key}'} stopped before it was done "
+                        f"({first_line(e)})") from None
+    return store.get(key).decode()
+
+
+def corpus_for_run(cfg, tok, proc: Process) -> Corpus:
+    """The run's documents, tokenised by one process per machine into its cache; the others then read it."""
+    clean = not cfg.keep_whitespace
+    return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(cfg.data, tok, cfg.cache_dir,
+                                                                            clean=clean).dir), per_machine=True)))

@@ -1,0 +1,108 @@
+"""
+support/stopping.py: how a training run stops, which train.py calls and a reader of the method can skip. Ctrl-C,
+SIGTERM (a scheduler's notice: the step under way ends and is checkpointed, on every rank alike), out of memory, a
+rank gone, a loss that is not finite: each ends the run with one line from the rank that knows, naming the
+checkpoint to go on from and the command that does.
+"""
+import contextlib
+import gc
+import math
+import signal
+import threading
+import types
+
+import torch
+import torch.distributed as dist
+
+from support.cli import UserError, first_line
+from support.runs import last_checkpoint, layout, release_run_folders, resume_command
+
+
+class Terminated(Exception):
+    """SIGTERM: what SLURM, Kubernetes and `timeout` send a job they are about to stop."""
+
+
+class StopOnSigterm:
+    """SIGTERM handled as Ctrl-C is, but using the grace period a scheduler gives: in training, the step under way
+    ends, every rank agrees to stop after it, and it is checkpointed; before training, the run stops at once."""
+
+    def __init__(self):
+        self.asked = self.training = False
+
+    def __call__(self, signum, frame):
+        if not self.training:
+            raise Terminated
+        self.asked = True
+
+
+@contextlib.contextmanager
+def lifetime():
+    """What train.py's main runs inside: SIGTERM handled as StopOnSigterm says, Ctrl-C and SIGTERM made their one
+    line, and on the way out, however it goes, the run folder released and the process group destroyed. Yields a
+    namespace whose `run` main fills in, and `stop`, the SIGTERM handler."""
+    life = types.SimpleNamespace(run=None, stop=StopOnSigterm())
+    handled = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
+    previous = signal.signal(signal.SIGTERM, life.stop) if handled else None
+    try:
+        yield life
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
+        raise stopped(life.run, isinstance(e, Terminated)) from None
+    finally:
+        if life.run is not None:  # the DataLoader's workers stopped and joined now, not by the interpreter's exit
+            life.run.loader = None
+        if handled:  # torchrun's SIGTERM to the others when one rank fails must not end this one before its line
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        release_run_folders()
+        if dist.is_initialized():
+            if life.run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
+                life.run.model = None
+                gc.collect()
+            dist.destroy_process_group()
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stopped(run, sigterm: bool) -> UserError:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143, as a shell reports them; the step it came in was finished and
+    checkpointed): where the run stopped, and how to go on."""
+    what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
+    if run is None:
+        return UserError(f"{what} before training began", code)
+    go_on = resume_command(run.out, **layout(run.world))
+    hint = f" (continue with: {go_on})" if run.latest_checkpoint else ""
+    return UserError(f"{what} after step {run.step}; last checkpoint: {last_checkpoint(run)}{hint}", code)
+
+
+@contextlib.contextmanager
+def failures_are_one_line(run):
+    """A step that does not fit on the GPU stops the run with the way out, the last checkpoint as it was; a rank that
+    is gone (killed, or out of memory) stops the others at their next collective. Each said by the rank that meets it,
+    whichever that is."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        cfg = run.cfg
+        fix = f"--chunk-tokens {max(512, cfg.chunk_tokens // 4)}" if cfg.grad_cache else \
+            "--grad-cache --chunk-tokens 4096"
+        raise UserError(f"out of memory on {run.device} in step {run.step + 1} ({cfg.docs_per_step // run.world} "
+                        f"documents on this rank): pass {fix} (the same gradient, less memory), or give each GPU fewer "
+                        f"documents (more GPUs, or a smaller --docs-per-step); last checkpoint: "
+                        f"{last_checkpoint(run)}", alone=True) from None
+    except RuntimeError as e:  # NCCL's errors are DistErrors; gloo's plain RuntimeErrors that name gloo's source
+        if run.world == 1 or not (isinstance(e, dist.DistError) or "gloo" in str(e)):
+            raise
+        raise UserError(f"rank {run.rank}: another rank stopped during step {run.step + 1} ({first_line(e)}); "
+                        f"last checkpoint: {last_checkpoint(run)}", alone=True) from None
+
+
+def check_finite(run, loss: float):
+    if not math.isfinite(loss):
+        raise UserError(f"loss is {loss} at step {run.step + 1}; last good checkpoint: {last_checkpoint(run)}")
+
+
+def agreed_stop(run, device) -> torch.Tensor:
+    """1 where any rank was sent SIGTERM during this step, on every rank: all of them stop after the same step."""
+    stop = torch.full((), float(run.stop.asked), device=device)
+    if run.world > 1:
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+    return stop
