@@ -514,12 +514,13 @@ def run_section(check: Check, key: str, scale: int):
     """One section under its time limit; whatever it raises (SystemExit from train.main too) is its result. A SIGTERM
     ends the check: here, or inside train.main, whose own handler turns it into SystemExit(143)."""
     fn, limit = SECTIONS[key]
-    print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
     if key == "h" and check.dev.type != "cuda":
+        print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
         check.record(key, status="skipped: varlen_attn runs on CUDA only")
         return
     t = time.time()
-    check.record(key, started=time.strftime("%H:%M:%S"))  # so that a section cut short is reported as one
+    check.record(key, started=time.strftime("%H:%M:%S"))  # before its header: a section cut short is reported as one
+    print(f"\n{fn.__doc__.splitlines()[0]}", flush=True)
     try:
         with time_limit(limit * scale):
             fn(check)
