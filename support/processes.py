@@ -34,7 +34,7 @@ def processes() -> Process:
     world, device = int(os.environ.get("WORLD_SIZE", "1")), torch.device("cpu")
     if torch.cuda.is_available():
         gpus, here = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if here > gpus:  # every rank of the machine says so, rank 0 among them (only rank 0 prints)
+        if here > gpus:  # every rank of the machine says so; its first process prints it
             raise UserError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
                             f"(torchrun --nproc_per_node={gpus})", code=2)
         device = pick_device(f"cuda:{local}")
