@@ -158,12 +158,15 @@ def table(results: dict) -> str:
 # Reading the tasks, in their original layouts. Each reader returns (sentences a, sentences b, gold scores).
 
 
+SICK_FILES = {"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}  # SICK.txt holds every split
+
+
 def task_files(task: str, split: str) -> str:
     """The files find_tasks looks for, for a task and split: what a missing task's line asks for."""
     if task == "STSB":
         return f"sts-{split}.csv"
     if task == "SICKR":
-        return {"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split] + " or SICK.txt"
+        return f"{SICK_FILES[split]} or SICK.txt"
     return f"a folder {task} holding STS.input.NAME.txt and STS.gs.NAME.txt" + (", test data only" if split == "dev"
                                                                                   else "")
 
@@ -255,7 +258,7 @@ def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
     tasks = {}
     if stsb := named(f"sts-{split}.csv"):
         tasks["STSB"] = {"": read_stsb(stsb)}
-    if sick := named({"dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]) or named("SICK.txt"):
+    if sick := named(SICK_FILES[split]) or named("SICK.txt"):
         tasks["SICKR"] = {"": read_sick(sick, split)}
     for year in range(12, 17) if split == "test" else ():  # STS12-16 have only test data
         if subsets := semeval_subsets(files, year):
