@@ -41,7 +41,7 @@ from support.device import (
     prefetched,
     to_device,
 )
-from support.files import write_atomic
+from support.files import path_kind, write_atomic
 from support.hub import special_ids
 
 
@@ -106,8 +106,15 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
            dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
     """Mean-pooled embeddings (len(texts), hidden) in input order, float32. progress(texts, windows) is told, after
     each batch, how many texts it finished (a text is finished once all its windows are) and how many windows ran."""
-    return embed_tokenized(tokenize(texts, tok, model.config.max_tokens, long), model, tok,
+    return embed_tokenized(tokenize(texts, tok, max_tokens(model), long), model, tok,
                            batch_tokens=batch_tokens, normalize=normalize, dtype=dtype, progress=progress)
+
+
+def max_tokens(model) -> int:
+    """The longest window a text is embedded in, <s> and </s> included: the model's positions, or the max_seq_length
+    of its sentence-transformers config where that is shorter, as sentence-transformers itself truncates."""
+    limit = getattr(model, "sentence_transformers", {}).get("max_seq_length", model.config.max_tokens)
+    return min(model.config.max_tokens, limit)
 
 
 @torch.inference_mode()
@@ -204,10 +211,10 @@ def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
 # Files in, rows out, in blocks.
 
 
-def _blocks(cfg, stdin_copy):
+def _blocks(cfg, copies: dict):
     block = []
     for path in cfg.inputs:
-        for text in read_lines(Path(path), stdin_copy):
+        for text in read_lines(Path(path), copies.get(path)):
             block.append(text)
             if len(block) == cfg.block:
                 yield block
@@ -221,14 +228,31 @@ def check_paths(cfg: EmbedConfig, out: Path):
     for p in cfg.inputs:
         if p == "-" and sys.stdin is None:  # started with standard input closed (`<&-`)
             raise UserError("-: standard input is closed; pipe the texts in, or name a file")
-        if p != "-" and not Path(p).is_file():
+        kind = "file" if p == "-" else path_kind(Path(p))
+        if kind == "missing":
             raise UserError(f"{p}: no such file")
+        if kind not in ("file", "pipe"):
+            raise UserError(f"{p}: is a {kind}, not a file of texts; embed.py reads .txt and .jsonl files (maybe .gz), "
+                            f"pipes, and - for standard input")
         if p != "-" and Path(p).resolve() == out.resolve():
             raise UserError(f"--output {out}: is also an input, which it would overwrite")
     if out.exists() and not cfg.overwrite:
         raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
     if not out.parent.exists() or not os.access(out.parent, os.W_OK):
         raise UserError(f"{out}: cannot write into {out.parent}")
+
+
+def spooled(inputs, folder: Path) -> dict[str, Path]:
+    """Standard input and pipes (`<(zcat a.gz)`) copied once into `folder`: both passes read them, the first to count
+    the rows (the output's size is known before its first row is written)."""
+    copies = {}
+    for k, p in enumerate(dict.fromkeys(inputs)):
+        if p == "-" or path_kind(Path(p)) == "pipe":
+            copies[p] = folder / f"{k}-{'stdin.txt' if p == '-' else Path(p).name}"  # its name says .jsonl, .gz
+            with open(p, "rb") if p != "-" else contextlib.nullcontext(sys.stdin.buffer) as src:
+                with open(copies[p], "wb") as f:
+                    shutil.copyfileobj(src, f)
+    return copies
 
 
 def device_and_dtype(device: str, dtype: str):
@@ -244,18 +268,18 @@ def device_and_dtype(device: str, dtype: str):
     return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
-def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, stdin_copy, progress):
+def write_rows(f, cfg: EmbedConfig, n: int, model, tok, dtype, copies: dict, progress):
     """Every block's embeddings appended to the open file f, in input order (npy: the header first)."""
     if cfg.format == "npy":  # the row count is known, so the header can come before the rows
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
     # On a GPU the next block is read and tokenised (in a thread: the tokenizer releases the GIL) while this one is
     # embedded. On a CPU the two would only share the same cores.
-    max_tokens = model.config.max_tokens
-    blocks, gpu = _blocks(cfg, stdin_copy), next(model.parameters()).device.type == "cuda"
+    longest = max_tokens(model)
+    blocks, gpu = _blocks(cfg, copies), next(model.parameters()).device.type == "cuda"
 
     def work(texts):
-        return tokenize(texts, tok, max_tokens, cfg.long)
+        return tokenize(texts, tok, longest, cfg.long)
 
     for tokenized in prefetched(blocks, work) if gpu else map(work, blocks):
         emb = embed_tokenized(tokenized, model, tok, batch_tokens=cfg.batch_tokens, normalize=cfg.normalize,
@@ -283,12 +307,8 @@ def embed_files(cfg: EmbedConfig):
     model, tok = load_pretrained(cfg.model, quiet=True)
     model.to(device)
     with tempfile.TemporaryDirectory() as tmpdir:
-        stdin_copy = None
-        if "-" in cfg.inputs:  # spooled once: the output's size must be known before the first row is written
-            stdin_copy = Path(tmpdir) / "stdin.txt"
-            with open(stdin_copy, "wb") as f:
-                shutil.copyfileobj(sys.stdin.buffer, f)
-        n = sum(sum(1 for _ in read_lines(Path(p), stdin_copy)) for p in cfg.inputs)  # a streaming first pass
+        copies = spooled(cfg.inputs, Path(tmpdir))
+        n = sum(sum(1 for _ in read_lines(Path(p), copies.get(p))) for p in cfg.inputs)  # a streaming first pass
         if n == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
         progress, done = Progress("embedding", f"{n:,} texts with {cfg.model}, into {out}"), [0, 0]
@@ -300,7 +320,7 @@ def embed_files(cfg: EmbedConfig):
 
         def write(tmp: Path):
             with open(tmp, "wb") as f:
-                write_rows(f, cfg, n, model, tok, dtype, stdin_copy, report)
+                write_rows(f, cfg, n, model, tok, dtype, copies, report)
 
         write_atomic(out, write)  # only a complete output gets the name the user asked for
     seconds = time.time() - progress.t0

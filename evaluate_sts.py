@@ -29,7 +29,7 @@ from embed import device_and_dtype, encode
 from model import load_pretrained
 from support.cli import Progress, UserError, bounded, choice, cli, parse_config
 from support.device import OnDevice, cpu_threads
-from support.files import cache_dir, make_dirs, offline, write_atomic, write_json
+from support.files import cache_dir, files_under, make_dirs, offline, write_atomic, write_json
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
@@ -172,7 +172,14 @@ def task_files(task: str, split: str) -> str:
 
 
 def _lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    """A file's lines; a byte that is not UTF-8 is refused, naming its line, as embed.py refuses it (a replaced
+    character would be scored as if it were the text)."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        n, at = data.count(b"\n", 0, e.start) + 1, e.start - data.rfind(b"\n", 0, e.start) - 1
+        raise UserError(f"{path}:{n}: not UTF-8 ({e.reason} at byte {at} of the line)") from None
 
 
 def read_stsb(path: Path):
@@ -250,10 +257,10 @@ def _pairs(path: Path, a, b, gold):
 
 def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
     """{task: {subset: (a, b, gold)}} for every task whose files are under root."""
-    files = sorted(p for p in root.rglob("*") if p.is_file())
+    files = files_under(root)
 
     def named(name):
-        return next((p for p in files if p.name == name), None)
+        return one_file(root, [p for p in files if p.name == name])
 
     tasks = {}
     if stsb := named(f"sts-{split}.csv"):
@@ -269,13 +276,25 @@ def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
 def semeval_subsets(files: list[Path], year: int) -> dict[str, tuple]:
     """{subset: (a, b, gold)} of SemEval STS 20`year`: STS.input.NAME.txt beside STS.gs.NAME.txt (2016: STS2016.*)
     in a folder STSyy or SentEval's STSyy-en-test; an input without gold scores cannot be scored."""
-    subsets = {}
+    subsets, where = {}, {}
     for inp in files:
         m = re.fullmatch(r"(STS(?:20\d\d)?)\.input\.(.+)\.txt", inp.name)
         in_year = inp.parent.name == f"STS{year}" or inp.parent.name.startswith(f"STS{year}-")
         if m and in_year and (gs := inp.with_name(f"{m[1]}.gs.{m[2]}.txt")).exists():
-            subsets[m[2]] = read_semeval(inp, gs)
+            if m[2] in where:  # two copies of a subset (STS12/ and STS12-en-test/): which one is meant?
+                raise UserError(f"STS{year} subset {m[2]} is in two folders ({where[m[2]]}, {inp.parent}); keep one, "
+                                f"or pass --data a folder that holds only one")
+            subsets[m[2]], where[m[2]] = read_semeval(inp, gs), inp.parent
     return subsets
+
+
+def one_file(root: Path, found: list[Path]) -> Path | None:
+    """The one file a task reads, of those of its name under root; two are refused, naming both: only one would be
+    scored, and which is not the user's choice."""
+    if len(found) > 1:
+        raise UserError(f"{root}: {len(found)} files named {found[0].name} ({', '.join(map(str, found))}); pass "
+                        f"--data the folder of the one to score")
+    return found[0] if found else None
 
 
 def download_stsb(split: str = "test") -> Path:
@@ -307,7 +326,7 @@ def download_stsb(split: str = "test") -> Path:
 def load_stsb_dev(path):
     """STS-B dev pairs from sts-dev.csv or a folder holding it (train.py's --eval-data)."""
     p = Path(path)
-    found = p if p.is_file() else next(iter(sorted(p.rglob("sts-dev.csv"))), None)
+    found = p if p.is_file() else one_file(p, [f for f in files_under(p) if f.name == "sts-dev.csv"])
     if found is None:
         raise UserError(f"{path}: no sts-dev.csv")
     return read_stsb(found)

@@ -297,19 +297,24 @@ def load_pretrained(name: str, quiet: bool = False):
     if tok.get_vocab_size() > config.vocab_size:
         raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
     model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit
+    model.sentence_transformers = hub.read_sentence_transformers(d)  # its max_seq_length, Normalize: kept when saved
     return model.eval(), tok
 
 
 def save_pretrained(model: Encoder, tok, out: str | Path):
-    """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1)."""
+    """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1), keeping what the model
+    came with of theirs (its max_seq_length, a Normalize module)."""
     out, c = make_dirs(Path(out)), model.config
     hub.write_safetensors(out / "model.safetensors", hf_state_dict(model))
     write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
+    kept = getattr(model, "sentence_transformers", {})  # the starting checkpoint's max_seq_length and Normalize
     files = {"config.json": hub.hf_config(asdict(c)), "tokenizer_config.json": hub.tokenizer_files(tok, c.max_tokens),
-             **hub.sentence_transformers_files(c.hidden_size, c.max_tokens)}
+             **hub.sentence_transformers_files(c.hidden_size, c.max_tokens, kept)}
     for name, obj in files.items():
         (out / name).parent.mkdir(exist_ok=True)
         write_json(out / name, obj)
+    if hub.NORMALIZE in {m["type"] for m in files["modules.json"]}:
+        (out / "2_Normalize").mkdir(exist_ok=True)  # sentence-transformers loads the module from its (empty) folder
 
 
 # Named random-init shapes for pretraining from scratch (vocab is the size the BPE tokenizer is trained to).

@@ -15,7 +15,6 @@ tokens and sampling never tokenises. Every batch is a pure function of (seed, ep
     python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
     python sampler.py --help                                                          # every flag and default
 """
-import signal
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +25,7 @@ from support.cli import UserError, bounded, choice, cli, parse_config
 from support.corpus import Corpus, check_usable, prepare_corpus
 from support.device import pad_rows
 from support.hub import special_ids
+from support.workers import prefetched_batches
 
 VIEWS = ("all", "overlap", "adjacent", "subsumed")  # where a positive may lie relative to its anchor (Fig. 2)
 
@@ -184,29 +184,9 @@ class SpanBatches(torch.utils.data.Dataset):
 
 
 def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
-    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k. Workers
-    hand a batch over as numpy arrays, copied through their pipe: a tensor would go as a file descriptor served by a
-    thread in the worker, which prints a traceback when Ctrl-C cuts the training process off in the middle of it."""
-    if not workers:
-        return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step))
-    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start_step, stop_step),
-                                         num_workers=workers, prefetch_factor=4, collate_fn=_arrays,
-                                         worker_init_fn=_ignore_sigterm)
-    return map(_tensors, loader)
-
-
-def _arrays(batch: dict) -> dict:
-    return {k: v.numpy() for k, v in batch.items()}
-
-
-def _tensors(batch: dict) -> dict:
-    return {k: torch.from_numpy(v) for k, v in batch.items()}
-
-
-def _ignore_sigterm(worker_id: int):
-    """A scheduler's SIGTERM reaches every process of the job: the workers leave it to the training process, which
-    finishes its step, checkpoints and stops them (one that died of it would end the run with a traceback)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k. Made ahead
+    by `workers` processes (support/workers.py), which the run closes when it ends."""
+    return prefetched_batches(batches, range(start_step, stop_step), workers)
 
 
 @dataclass

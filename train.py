@@ -295,7 +295,7 @@ class Run:
 def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
     cfg, log, run.stop.training = run.cfg, runs.Log(run), True
-    run.loader = iter(sampler.make_loader(run.batches, run.step, run.total, cfg.workers))  # lifetime() ends it
+    run.loader = sampler.make_loader(run.batches, run.step, run.total, cfg.workers)  # lifetime() closes it
     for batch in run.loader:
         # The slanted triangular schedule sets this step's learning rate
         for g in run.opt.param_groups:
@@ -379,8 +379,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
         cfg = demo_config(cfg, given, proc)
     cfg, out, resume_from = runs.run_folder(cfg, given, proc, lambda path: load_pretrained(str(path), quiet=True),
                                             RESUMABLE)
-    if cfg.threads:  # a resumed run's own --threads
-        torch.set_num_threads(cfg.threads)
+    cfg = replace(cfg, threads=runs.run_threads(cfg, "threads" in given, resume_from, proc))  # stored with the run
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
     pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
     encoder, tok = resume_from.model if resume_from else build_model(cfg, proc)

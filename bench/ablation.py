@@ -354,11 +354,18 @@ def plot(a, out: Path, path: Path, start: dict, floor: list[float]):
     print(f"wrote {path}")
 
 
+def running_mean(xs, most: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
+    """(steps, means, window): the mean of each `window` steps ending at a step (numbered from 1), over 50 steps, or
+    a quarter of a shorter run (a run of 10 steps has no 50-step window)."""
+    window = min(most, max(1, len(xs) // 4))
+    return np.arange(window, len(xs) + 1), np.convolve(xs, np.ones(window) / window, "valid"), window
+
+
 def stage1(ax, out: Path, before: float):
-    """Stage 1's MLM loss (a 50-step running mean) and, on a second axis, its STS-B dev along the way."""
-    mlm = np.array([r["mlm"] for r in metrics(out, "pretrain")])
-    ax.plot(np.arange(50, len(mlm) + 1), np.convolve(mlm, np.ones(50) / 50, "valid"), color="tab:purple")
-    ax.set(title="stage 1: MLM alone, from scratch", xlabel="steps", ylabel="MLM loss (50-step mean)")
+    """Stage 1's MLM loss (a running mean) and, on a second axis, its STS-B dev along the way."""
+    steps, means, window = running_mean(np.array([r["mlm"] for r in metrics(out, "pretrain")]))
+    ax.plot(steps, means, color="tab:purple")
+    ax.set(title="stage 1: MLM alone, from scratch", xlabel="steps", ylabel=f"MLM loss ({window}-step mean)")
     sts = ax.twinx()
     steps, scores = zip(*[(0, before)] + curve(out, "pretrain"), strict=True)
     sts.plot(steps, scores, marker="o", color="tab:green")

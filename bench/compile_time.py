@@ -35,6 +35,7 @@ def one_case(width: int, layers: int, backend: str) -> dict:
 
     import model
     import train
+    from support.device import compiled_graphs
 
     torch.compile = functools.partial(torch.compile, backend=backend)
     torch._inductor.config.compile_threads = max(1, torch.get_num_threads())
@@ -59,7 +60,7 @@ def one_case(width: int, layers: int, backend: str) -> dict:
         times["no_grad", compiled] = time.perf_counter() - t
     return {"train_graph_s": times["train", True] - times["train", False],
             "no_grad_graph_s": times["no_grad", True] - times["no_grad", False],
-            "graphs": train.compiled_graphs()[0]}
+            "graphs": compiled_graphs()[0]}
 
 
 def main():

@@ -60,6 +60,7 @@ import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
 from support import chunks, corpus, processes  # noqa: E402
+from support.device import compiled_graphs  # noqa: E402
 from support.hub import train_tokenizer  # noqa: E402
 
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
@@ -226,7 +227,7 @@ def compile_check(check: Check):
     import torch._dynamo as dynamo
 
     dynamo.utils.counters["graph_break"].clear()
-    graphs_before = train.compiled_graphs()[0]
+    graphs_before = compiled_graphs()[0]
     encoders = {name: check.encoder(layers=COMPILE_LAYERS) for name in ("eager", "compiled")}
     encoders["compiled"].load_state_dict(encoders["eager"].state_dict())
     times, r = {"eager": [], "compiled": []}, {}
@@ -249,7 +250,7 @@ def compile_check(check: Check):
             for enc in encoders.values():
                 for n, p in enc.named_parameters():
                     p.add_(ref[n].to(p.device), alpha=-1e-4)
-    graphs, gave_up = train.compiled_graphs()
+    graphs, gave_up = compiled_graphs()
     breaks = dynamo.utils.counters["graph_break"]
     check.record("c", graph_breaks=sum(breaks.values()), graph_break_reasons=dict(breaks),
                  graphs_compiled_here=graphs - graphs_before, recompile_limit_reached=gave_up,

@@ -9,7 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${VENV:-$HOME/.cache/declutr/venv-gpu-machine}
 if [[ ! -x "$venv/bin/python3" ]]; then
-    py312=$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12.*/bin/python3 2>/dev/null | tail -n 1)
+    py312=""  # the first that runs: pyenv's shim for python3.12 exists even where no 3.12 is selected
+    for candidate in python3.12 "$HOME"/.pyenv/versions/3.12.*/bin/python3; do
+        if "$candidate" -c "" 2>/dev/null; then py312=$candidate; break; fi
+    done
     [[ -n "$py312" ]] || { echo "no Python 3.12 here (pyenv install 3.12, or put python3.12 on PATH)" >&2; exit 1; }
     "$py312" -m venv "$venv"
     "$venv/bin/pip" install -q torch==2.11.0 triton==3.6.0 tokenizers==0.23.2 safetensors==0.8.0 \

@@ -3,12 +3,13 @@ support: the machinery a reader does not need to learn DeCLUTR, one concern a mo
 (sampler, model, loss, train, embed, evaluate_sts); what it needs of them is handed in.
 
     cli.py      the one-line user error, flags from config dataclasses, printing, progress lines
-    files.py    atomic writes, JSON, the cache folder
+    files.py    atomic writes, JSON, the cache folder, the files under a folder, what a path is
     corpus.py   the user's documents read and tokenised once into a memmap; the demo's documents
     device.py   batches onto the device, precision, CPU threads, random state, compiled graphs
     chunks.py   a step's spans cut into chunks of similar length, each chunk's inputs on the device
     processes.py  torchrun's processes: where each is, what rank 0 makes once for all
     runs.py     the run folder, its lock, log and checkpoints, where a run starts, what a resume may change
     stopping.py how a run stops: Ctrl-C, SIGTERM, out of memory, a rank gone, each in one line
+    workers.py  DataLoader workers that can neither outlive the run nor keep it from ending
     hub.py      Hugging Face files: downloads, tokenizers, config.json, safetensors
 """

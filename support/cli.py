@@ -27,7 +27,8 @@ class UserError(Exception):
 
 
 def cli(main):
-    """Wrap a script's main(argv): a UserError ends the process with `error: ...` on stderr and its exit code.
+    """Wrap a script's main(argv): a UserError ends the process with `error: ...` on stderr and its exit code, Ctrl-C
+    with `error: interrupted` and 130.
     Under torchrun every rank raises the same error, and the first process of each machine prints it, so that every
     machine's log says what stopped it and what to do there (a rank's own error, `alone`, by that rank)."""
 
@@ -38,6 +39,9 @@ def cli(main):
         except UserError as e:
             say(f"error: {e}", file=sys.stderr, every_rank=e.alone, every_machine=True)
             sys.exit(e.code)
+        except KeyboardInterrupt:  # Ctrl-C: one line and 130, as a shell reports it (train.py's names its checkpoint)
+            say("error: interrupted", file=sys.stderr, every_machine=True)
+            sys.exit(130)
 
     return wrapped
 

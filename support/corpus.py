@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from support.cli import Progress, UserError, say
-from support.files import cache_dir, remove_stale_temporaries, writable_cache, write_atomic
+from support.files import cache_dir, files_under, remove_stale_temporaries, writable_cache, write_atomic
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 
@@ -29,7 +29,7 @@ def list_files(paths) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+            files += [f for f in files_under(p) if f.name.endswith(SUFFIXES)]
         elif p.is_file():
             files.append(p)
         else:
@@ -60,16 +60,17 @@ def open_bytes(f: Path):
     return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
 
 
-def read_lines(path: Path, stdin_copy: Path | None = None):
+def read_lines(path: Path, copy: Path | None = None):
     """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the "text" of each line of a
-    .jsonl, either maybe gzipped; "-" is standard input (its spooled copy). One line for what cannot be read."""
-    src, name = (stdin_copy, "stdin") if str(path) == "-" else (path, str(path))
+    .jsonl, either maybe gzipped; "-" (standard input) and a pipe are read from their spooled `copy`. A byte-order
+    mark that opens the input is not text. One line for what cannot be read."""
+    src, name = copy or path, "stdin" if str(path) == "-" else str(path)
     jsonl = ".jsonl" in Path(name).name
     try:
         with open_bytes(Path(src)) as f:
             for n, raw in enumerate(f, 1):
                 try:
-                    line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+                    line = raw.decode("utf-8-sig" if n == 1 else "utf-8").removesuffix("\n").removesuffix("\r")
                 except UnicodeDecodeError as e:
                     raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
                 if not jsonl:
@@ -105,7 +106,8 @@ def _file_texts(f: Path, stats):
                 stats["binary"] += 1
                 return
             # newline=None turns CRLF and CR into LF; a byte that is not UTF-8 comes in as a stand-in (below)
-            lines = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline=None)
+            # utf-8-sig: a byte-order mark that opens the file (Windows editors write one) is not text
+            lines = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline=None)
             for text in (line for line in lines if line.strip()) if jsonl else [lines.read()]:
                 text, n = UNDECODABLE.subn("\ufffd", text)
                 replaced += n

@@ -1,7 +1,8 @@
 """
 support/files.py: files that appear whole or not at all. The atomic write (a temporary beside the target, renamed
 into place; what a killed writer left is removed by the next), JSON read and written with it, the cache folder, a
-folder made or one line saying why it cannot be, and the offline switch.
+folder made or one line saying why it cannot be, the files under a folder (its links followed), what a path is, and
+the offline switch.
 """
 import contextlib
 import json
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 from support.cli import UserError
@@ -112,3 +114,29 @@ def make_dirs(folder: Path, hint: str = "") -> Path:
 def offline() -> bool:
     """HF_HUB_OFFLINE, as huggingface_hub reads it: no download of models or datasets is attempted."""
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def files_under(root: Path) -> list[Path]:
+    """Every file under root, sorted, links to folders followed (Path.rglob does not follow them before Python 3.13,
+    and a corpus kept as links to its parts lost them silently): each real folder is read once, so a link back up
+    the tree is not followed round, and a folder reached by two links gives its files once."""
+    seen, found = set(), []
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            subfolders[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        found += [p for p in (Path(folder) / n for n in names) if p.is_file()]
+    return sorted(found)
+
+
+def path_kind(path: Path) -> str:
+    """What a path is, in a user's words: file, folder, pipe, character device, block device, socket, missing."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "missing"
+    kinds = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "pipe"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "special file")

@@ -130,13 +130,32 @@ def tokenizer_files(tok: Tokenizer, max_tokens: int) -> dict:
             "bos_token": names["cls"], "eos_token": names["sep"], **{f"{k}_token": v for k, v in names.items()}}
 
 
-def sentence_transformers_files(hidden_size: int, max_tokens: int) -> dict[str, object]:
-    """The files that tell sentence-transformers to mean-pool (DeCLUTR §3.1), by path inside the checkpoint."""
-    return {"modules.json": [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
-        "sentence_bert_config.json": {"max_seq_length": max_tokens, "do_lower_case": False},
-        "1_Pooling/config.json": {"word_embedding_dimension": hidden_size, "pooling_mode_mean_tokens": True}}
+ST_FILES = ("sentence_bert_config.json", "modules.json")  # sentence-transformers': fetched where a repo has them
+NORMALIZE = "sentence_transformers.models.Normalize"
+
+
+def read_sentence_transformers(d: Path) -> dict:
+    """What a sentence-transformers checkpoint says of how it embeds: max_seq_length (sentence_bert_config.json; it
+    truncates there) and whether its modules end in Normalize (modules.json). {} for a folder without them."""
+    config, modules = read_json(d / ST_FILES[0], {}), read_json(d / ST_FILES[1], [])
+    limit = config.get("max_seq_length") if isinstance(config, dict) else None
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 2):
+        raise UserError(f"{d / ST_FILES[0]}: max_seq_length {limit!r} is not a number of tokens")
+    types = [m.get("type") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return {k: v for k, v in dict(max_seq_length=limit, normalize=NORMALIZE in types or None).items() if v}
+
+
+def sentence_transformers_files(hidden_size: int, max_tokens: int, kept: dict) -> dict[str, object]:
+    """The files that tell sentence-transformers to mean-pool (DeCLUTR §3.1), by path inside the checkpoint; `kept`:
+    what the starting checkpoint said (read_sentence_transformers), its max_seq_length and Normalize kept."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if kept.get("normalize"):
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": NORMALIZE})
+    return {"modules.json": modules,
+            "sentence_bert_config.json": {"max_seq_length": min(max_tokens, kept.get("max_seq_length", max_tokens)),
+                                          "do_lower_case": False},
+            "1_Pooling/config.json": {"word_embedding_dimension": hidden_size, "pooling_mode_mean_tokens": True}}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -229,7 +248,8 @@ def convert_bin(name: str, out: str | None) -> Path:
         held = "model.safetensors already, which loads as it is" if (src / "model.safetensors").exists() else "none"
         raise UserError(f"{src}: no pytorch_model.bin to convert (it holds {held})")
     if (dst / "model.safetensors").exists():
-        raise UserError(f"{dst / 'model.safetensors'} exists already; remove it first or pass --out")
+        how = "pass another --out, or remove it first" if out else "remove it first, or pass --out"
+        raise UserError(f"{dst / 'model.safetensors'} exists already; {how}")
     try:
         sd = torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # what weights_only refuses to unpickle: objects other than tensors
@@ -264,12 +284,20 @@ def resolve(name: str, weights: bool = True) -> Path:
         return d
     if d.exists():
         raise UserError(f"{name}: not a directory (a model is a folder holding config.json and its weights)")
-    return hub_download(*hub_id(name), files=HUB_FILES if weights else HUB_FILES[:2])
+    if not weights:
+        return hub_download(*hub_id(name), files=HUB_FILES[:2])
+    folder = hub_download(*hub_id(name), files=HUB_FILES)
+    for optional in ST_FILES:
+        _fetch(*hub_id(name), optional)
+    return folder
 
 
 def hub_id(name: str) -> tuple[str, str | None]:
     """(repo, revision) of `name` or `org/name`, maybe @revision; anything else, or a path under a folder that exists
     here, is a local folder that is not there."""
+    if name.startswith("scratch:"):  # train.py's random-init shapes have no files of their own
+        raise UserError(f"{name}: a random-init shape that only train.py (and `model.py scratch`) makes; pass a model "
+                        f"folder or hub id (after `python train.py`: runs/demo/model)", code=2)
     repo, _, revision = name.partition("@")
     is_id = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo) and not repo.startswith(".")
     is_id = is_id and re.fullmatch(r"[\w./-]*", revision)

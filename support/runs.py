@@ -281,6 +281,21 @@ def resumed_config(cfg, given: set, resume_from: Resume, resumable: set):
     return replace(stored, **{**{k: getattr(cfg, k) for k in given & resumable}, "resume": True, "out": cfg.out})
 
 
+def run_threads(cfg, given: bool, resume_from: Resume | None, proc: Process) -> int:
+    """torch's CPU threads for the run, set here and stored in its checkpoints: a sum split over another number of
+    threads rounds differently, so on a CPU the count is part of the run's trajectory. A resumed run keeps its own
+    (said in one line when --threads asks for another); a new one takes --threads, or rank 0's share of the cores
+    free when it started, on every rank alike."""
+    had = resume_from.state["config"].get("threads", 0) if resume_from else 0  # 0: stored before it was resolved
+    if given and had and cfg.threads not in (0, had):
+        say(f"warning: --threads {cfg.threads}: the run trained with {had} CPU thread(s) per rank, and its steps "
+            f"from here differ from the run's own in the last digits (sums in another order); pass --threads {had} "
+            f"to continue it exactly", file=sys.stderr)
+    threads = cfg.threads or had or int(made_once(proc, "threads", lambda: str(torch.get_num_threads())))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def layout(world: int) -> dict:
     """The processes a run trains with, stored in its checkpoints: how many, on how many machines."""
     return {"world": world, "machines": int(os.environ.get("GROUP_WORLD_SIZE", "1"))}

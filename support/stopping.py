@@ -48,8 +48,8 @@ def lifetime():
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
         raise stopped(life.run, isinstance(e, Terminated)) from None
     finally:
-        if life.run is not None:  # the DataLoader's workers stopped and joined now, not by the interpreter's exit
-            life.run.loader = None
+        if life.run is not None and life.run.loader is not None:  # the workers ended now, in a bounded time
+            life.run.loader.close()
         if handled:  # torchrun's SIGTERM to the others when one rank fails must not end this one before its line
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         release_run_folders()

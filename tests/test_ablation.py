@@ -47,3 +47,14 @@ def test_stage2_documents_keep_every_paragraph_once(tmp_path):
     for p in (25, 50):
         assert shares[p] == docs[:round(len(docs) * p / 100)]
     assert [d.split()[1] for d in docs[:6]] != sorted(d.split()[1] for d in docs[:6])  # shuffled across books
+
+
+def test_stage1_plot_fits_a_short_run():
+    """The plot's running mean over 50 steps, or a quarter of a shorter run (--pretrain-steps 10 raised ValueError):
+    each point the mean of the window that ends there, by a naive loop."""
+    ablation = bench_script("ablation")
+    for n in (1, 3, 10, 49, 50, 400):
+        xs = np.random.default_rng(n).random(n)
+        steps, means, window = ablation.running_mean(xs)
+        assert window == min(50, max(1, n // 4)) and len(steps) == len(means) == n - window + 1
+        np.testing.assert_allclose(means, [xs[s - window:s].mean() for s in steps])

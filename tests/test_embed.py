@@ -215,6 +215,31 @@ def test_a_failure_midway_leaves_no_output(tmp_path, tiny, monkeypatch):
 
     real = E.embed_tokenized
     monkeypatch.setattr(E, "embed_tokenized", dying)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:  # Ctrl-C midway: exit 130 (support.cli), and no output at all
         E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--block", "1"])
+    assert stopped.value.code == 130
     assert not (tmp_path / "o.npy").exists() and not list(tmp_path.glob(".o.npy*"))
+
+
+def test_long_texts_truncate_where_sentence_transformers_does_and_saving_keeps_its_modules(tmp_path):
+    """all-MiniLM-L6-v2 says max_seq_length 256 (sentence_bert_config.json) and ends in a Normalize module: texts of
+    300-500 tokens embed as sentence-transformers embeds them (its own truncation), not at the 512 positions; the
+    model saved again keeps both, and sentence-transformers embeds the saved copy as it embeds the original."""
+    st = oracle("sentence_transformers")
+    path = minilm()
+    sents = stsb_sentences(400)
+    texts = [" ".join(sents[i:i + 50]) for i in range(0, 350, 35)]
+    ours, tok = M.load_pretrained(str(path))
+    assert ours.sentence_transformers == {"max_seq_length": 256, "normalize": True}
+    assert all(300 < len(tok.encode(t).ids) <= 512 for t in texts)
+    ref = st.SentenceTransformer(str(path), device="cpu").encode(texts)
+    emb = E.encode(texts, ours, tok)
+    cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() >= 0.99999, cos.min()
+    M.save_pretrained(ours, tok, tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
+    assert [m["type"].rsplit(".")[-1] for m in json.loads((tmp_path / "saved" / "modules.json").read_text())] == [
+        "Transformer", "Pooling", "Normalize"]
+    again = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(texts)
+    np.testing.assert_allclose(np.linalg.norm(again, axis=1), 1, atol=1e-5)  # Normalize kept
+    assert ((again * ref).sum(1)).min() >= 0.99999

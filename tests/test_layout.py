@@ -129,3 +129,49 @@ def test_the_reference_names_every_flag():
         for f in fields(config):
             flag = f.name.upper() if f.name == "inputs" else "--" + f.name.replace("_", "-")
             assert f"`{flag}" in reference, (config.__name__, flag)
+
+
+def bench_names_missing(source: str) -> list[str]:
+    """The names a bench/ script takes from the project's modules (`import train` then `train.X`, `from support.device
+    import X`, inside functions too) that those modules do not have. A name is read as the module's wherever the
+    script has not bound it to something else."""
+    import importlib
+    import sys
+
+    sys.path[:0] = [str(ROOT / "bench")]
+    try:
+        project = set(modules()) | {p.stem for p in (ROOT / "bench").glob("*.py")} | {"support"}
+        tree, aliases, missing = ast.parse(source), {}, []
+        rebound = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.For, ast.With))
+                   for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases.update({a.asname or a.name: a.name for a in node.names if a.name in project})
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in project:
+                module = importlib.import_module(node.module)
+                for a in node.names:
+                    if not hasattr(module, a.name) and f"{node.module}.{a.name}" not in project:
+                        missing.append(f"{node.module}.{a.name}")
+                    elif f"{node.module}.{a.name}" in project:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.value.id not in rebound):
+                if not hasattr(importlib.import_module(aliases[node.value.id]), node.attr):
+                    missing.append(f"{aliases[node.value.id]}.{node.attr}")
+        return sorted(set(missing))
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_bench_scripts_take_only_names_that_exist():
+    """A name moved out of a method file (train.compiled_graphs went to support/device.py) breaks the bench/ scripts
+    that used it, most of which CI never runs: each script's names from the project exist. And the check sees a
+    broken one."""
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert len(scripts) >= 10
+    assert {p.name: bench_names_missing(p.read_text()) for p in scripts} == {p.name: [] for p in scripts}
+    broken = ("import train\nfrom support import chunks\nfrom support.device import compiled_graphs\n"
+              "train.compiled_graphs()\nchunks.length_groups\ntrain.train_step\n")
+    assert bench_names_missing(broken) == ["train.compiled_graphs"]
+    assert bench_names_missing("from support.device import no_such_name\n") == ["support.device.no_such_name"]

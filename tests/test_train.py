@@ -140,8 +140,8 @@ def reap():
     """Popen in a session of its own; whatever a failed test leaves running is killed with its workers."""
     procs = []
 
-    def start(cmd, **kw):
-        procs.append(subprocess.Popen(cmd, start_new_session=True, **kw))
+    def start(cmd, **kw):  # SIGINT at its default, as in a terminal, even where this shell's job ignores it
+        procs.append(subprocess.Popen(cmd, start_new_session=True, preexec_fn=default_sigint, **kw))
         return procs[-1]
 
     yield start
@@ -185,14 +185,23 @@ def trace(out):
     return [(r["step"], r["contrastive"], r["mlm"]) for r in recs]
 
 
+def default_sigint():
+    """In a child before it starts Python: SIGINT at its default, so that Python installs KeyboardInterrupt (it does
+    not where SIGINT starts ignored, as in a shell script's background job or under nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def signal_after(p, out, steps, sig):
-    """Send sig to the training process p once out/metrics.jsonl holds `steps` steps."""
+    """Send sig to the training process p once out/metrics.jsonl holds `steps` steps; fail, saying so, if the run
+    ends or two minutes pass first."""
     metrics, t0 = out / "metrics.jsonl", time.time()
     while p.poll() is None and time.time() - t0 < 120:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
             p.send_signal(sig)
             return
         time.sleep(0.01)
+    pytest.fail(f"never signalled: the run {'ended' if p.poll() is not None else 'had not reached'} step {steps} "
+                f"after {time.time() - t0:.0f} s")
 
 
 @pytest.mark.slow

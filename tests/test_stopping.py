@@ -1,0 +1,221 @@
+"""However a run is stopped, it ends and can be resumed: Ctrl-C as a terminal sends it (SIGINT to the whole process
+group), kill -9 as the out-of-memory killer sends it (to one process), a rank killed under torchrun; DataLoader
+workers included (the demo's batches, about 85 KB each, fill the workers' pipe, where a worker that is not ended
+properly hangs). After each, no process of the run is left. Also: a run's CPU thread count is part of it."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import train as T
+from conftest import ROOT
+from support import device, runs
+from test_train import assert_same_weights, default_sigint, free_port, run_args, torchrun, trace
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """The demo's documents, collected once for the module."""
+    from support.corpus import demo_corpus
+
+    folder = tmp_path_factory.mktemp("cache")
+    demo_corpus(str(folder))
+    return folder
+
+
+def start(cmd, **kw):
+    """A run in a session of its own (its process group is its pid, as a terminal's job), SIGINT at its default."""
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=default_sigint, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **kw)
+
+
+def session(sid: int) -> list[int]:
+    """The live processes of a session (zombies, which hold nothing, left out), from /proc."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{name}/stat").read()
+        except (OSError, ValueError):
+            continue
+        state, _, _, session_id = stat.rsplit(")", 1)[1].split()[:4]
+        if name.isdigit() and int(session_id) == sid and state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def gone_within(sid: int, seconds: float) -> list[int]:
+    """The session's processes still alive after waiting up to `seconds` for them to end."""
+    t0 = time.time()
+    while session(sid) and time.time() - t0 < seconds:
+        time.sleep(0.05)
+    return session(sid)
+
+
+@pytest.fixture
+def sessions():
+    """Every session a test starts is killed at its end, whatever is left in it."""
+    sids = []
+    yield sids.append
+    for sid in sids:
+        for pid in session(sid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_steps(p, out, steps: int, limit: float = 120):
+    """Wait until out/metrics.jsonl holds `steps` steps; fail, saying so, if the run ends or the limit passes first."""
+    metrics, t0 = out / "metrics.jsonl", time.time()
+    while time.time() - t0 < limit:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        if p.poll() is not None:
+            pytest.fail(f"the run ended (exit {p.returncode}) before step {steps}: nothing was signalled")
+        time.sleep(0.01)
+    pytest.fail(f"no step {steps} in {out / 'metrics.jsonl'} after {limit:.0f} s: nothing was signalled")
+
+
+def demo(out, cache, *extra):
+    return [sys.executable, str(ROOT / "train.py"), "--out", str(out), "--cache-dir", str(cache), *extra]
+
+
+class Lines:
+    """A process's output read as it comes, each line with the seconds since `t0` at which it came."""
+
+    def __init__(self, stream):
+        self.lines, self.t0 = [], time.time()
+        self.thread = threading.Thread(target=lambda: self.lines.extend((time.time(), s) for s in stream))
+        self.thread.start()
+
+    def ours(self) -> list[tuple[float, str]]:
+        self.thread.join(30)
+        return [(t - self.t0, s.rstrip()) for t, s in self.lines if s.startswith("error: ")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_ctrl_c_to_the_process_group_ends_the_run_at_once(tmp_path, cache, sessions, workers):
+    """A terminal's Ctrl-C (SIGINT to the whole group: the run and its DataLoader workers, the default 2 or none):
+    one line, exit 130, within 10 s, and nothing of the run left."""
+    p = start(demo(tmp_path / "r", cache, "--steps", "1000", "--workers", workers), stdout=subprocess.DEVNULL,
+              stderr=subprocess.PIPE)
+    sessions(p.pid)
+    wait_for_steps(p, tmp_path / "r", 20)
+    os.killpg(p.pid, signal.SIGINT)
+    err = p.communicate(timeout=10)[1]
+    assert p.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.count("error: ") == 1, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("error: interrupted after step ")
+    assert gone_within(p.pid, 10) == []
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_nothing_running_and_resume_gives_the_uninterrupted_run(tmp_path, cache, sessions):
+    """kill -9 of the training process while its workers run: within 10 s no process of it is left (none holds the
+    run folder's lock), --resume is accepted at once, and its trace and weights equal a run never stopped, trained
+    with the thread count the killed run stored (the resumed one takes it from the checkpoint)."""
+    p = start(demo(tmp_path / "b", cache, "--steps", "40", "--ckpt-every", "10"), stdout=subprocess.DEVNULL,
+              stderr=subprocess.DEVNULL)
+    sessions(p.pid)
+    wait_for_steps(p, tmp_path / "b", 15)
+    p.kill()
+    p.wait()
+    assert gone_within(p.pid, 10) == []
+    threads = runs.read_train_state(runs.checkpoints(tmp_path / "b")[-1])["config"]["threads"]
+    assert threads >= 1
+    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    T.main(demo(tmp_path / "a", cache, "--steps", "40", "--ckpt-every", "10", "--threads", str(threads))[2:])
+    assert trace(tmp_path / "b") == trace(tmp_path / "a")
+    assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
+
+
+def torchrun_demo(out, cache, *extra):
+    return torchrun("--nproc_per_node=2", "--master_port", str(free_port()), *demo(out, cache, *extra)[1:])
+
+
+def ranks_of(torchrun_pid: int) -> dict[str, int]:
+    """{RANK: pid} of torchrun's workers (each in a session of its own), from their environments."""
+    ranks = {}
+    for pid in subprocess.run(["pgrep", "-P", str(torchrun_pid)], capture_output=True, text=True).stdout.split():
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        ranks[next(v[5:].decode() for v in env if v.startswith(b"RANK="))] = int(pid)
+    return ranks
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_ends_every_rank_at_once(tmp_path, cache, sessions):
+    """Ctrl-C in torchrun's terminal: torchrun passes SIGINT on to each rank's group (workers too); each machine's
+    one line, and torchrun and every rank gone within 10 s (torchrun would SIGKILL a rank after 30)."""
+    p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", "--workers", "2"), stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT)
+    sessions(p.pid)
+    wait_for_steps(p, tmp_path / "t", 20)
+    ranks = ranks_of(p.pid)
+    for pid in ranks.values():
+        sessions(pid)
+    out = Lines(p.stdout)
+    os.killpg(p.pid, signal.SIGINT)
+    p.wait(timeout=10)
+    ours = out.ours()
+    assert [s for _, s in ours if s.startswith("error: interrupted after step ")] == [s for _, s in ours], ours
+    assert len(ours) == 1, ours
+    assert all(gone_within(pid, 5) == [] for pid in ranks.values())
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_stops_the_others_at_once(tmp_path, cache, sessions):
+    """kill -9 of rank 1 (what the OOM killer does) with its DataLoader workers running: its workers die with it, so
+    its connections reset the moment it dies, and rank 0 says the documented line well before --ddp-timeout 20 and
+    torchrun's own 30 s; nothing of rank 1 is left."""
+    p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", "--ddp-timeout", "20"), stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT)
+    sessions(p.pid)
+    wait_for_steps(p, tmp_path / "t", 20)
+    ranks = ranks_of(p.pid)
+    for pid in ranks.values():
+        sessions(pid)
+    out = Lines(p.stdout)
+    os.kill(ranks["1"], signal.SIGKILL)
+    p.wait(timeout=60)
+    ours = out.ours()
+    assert len(ours) == 1, ours
+    seconds, line = ours[0]
+    assert line.startswith("error: rank 0: another rank stopped during step ") and "Connection" in line, line
+    assert seconds < 10, f"{seconds:.1f} s: {line}"  # the reset, not the 20 s timeout
+    assert gone_within(ranks["1"], 5) == [] and gone_within(ranks["0"], 5) == []
+
+
+def test_a_resumed_run_keeps_its_thread_count(tmp_path, docs, monkeypatch, capsys):
+    """The default --threads 0 takes the cores free at the start: the count is stored, and a resume under another
+    free-core count trains with the stored one, bit-identical to the run never stopped. A count given with --resume
+    that differs goes on with it, in one line that says so. (And the count matters: 1 thread gives other weights.)"""
+    def free(n):
+        monkeypatch.setattr(device, "default_threads", lambda: n)
+
+    common = ["--steps", "8", "--ckpt-every", "4"]
+    free(2)
+    T.main(run_args(docs, tmp_path / "a", *common))
+    assert runs.read_train_state(runs.checkpoints(tmp_path / "a")[-1])["config"]["threads"] == 2
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for name in ("model", "checkpoints/step-00000008"):
+        shutil.rmtree(tmp_path / "b" / name)
+    free(1)
+    capsys.readouterr()
+    T.main(["--out", str(tmp_path / "b"), "--resume"])
+    assert "--threads" not in capsys.readouterr().err
+    assert trace(tmp_path / "b") == trace(tmp_path / "a")
+    assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
+    T.main(run_args(docs, tmp_path / "one", *common))  # 1 free core, a new run: 1 thread, other weights
+    assert runs.read_train_state(runs.checkpoints(tmp_path / "one")[-1])["config"]["threads"] == 1
+    with pytest.raises(AssertionError):
+        assert_same_weights(tmp_path / "a" / "model", tmp_path / "one" / "model")
+    shutil.rmtree(tmp_path / "b" / "model")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000008")
+    T.main(["--out", str(tmp_path / "b"), "--resume", "--threads", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [e for e in err if "--threads" in e] == [
+        "warning: --threads 1: the run trained with 2 CPU thread(s) per rank, and its steps from here differ from the "
+        "run's own in the last digits (sums in another order); pass --threads 2 to continue it exactly"]

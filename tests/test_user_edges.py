@@ -1,0 +1,216 @@
+"""What a new user met on a fresh clone, each now what they expect or one line: Ctrl-C in every script, a corpus
+kept as links to folders, a byte-order mark, pipes, devices and folders given to embed.py, duplicate evaluation
+files and undecodable rows, the hints of model.py convert and sampler.py, and a figure the reference quotes."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_bad_input import fails
+
+import embed as E
+import evaluate_sts as V
+import model as M
+import sampler as S
+import train as T
+from conftest import ROOT
+from support.cli import cli
+from support.corpus import list_files, prepare_corpus
+from test_train import default_sigint
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
+    return d
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_in_any_script_is_one_line(capsys):
+    """embed.py, evaluate_sts.py, sampler.py and model.py share cli(): a KeyboardInterrupt there is one line and 130."""
+    @cli
+    def main(argv=None):
+        raise KeyboardInterrupt
+
+    assert all(hasattr(script.main, "__wrapped__") for script in (E, V, S, M))  # each script's main is cli's
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_embed_py_is_one_line_and_writes_nothing(tmp_path, tiny):
+    """A terminal's Ctrl-C (the whole group) while embed.py embeds: exit 130, the one line, no output file."""
+    (tmp_path / "in.txt").write_text("a cat sat on the mat while a dog barked at the moon\n" * 400_000)
+    p = subprocess.Popen([sys.executable, str(ROOT / "embed.py"), "--model", str(tiny), str(tmp_path / "in.txt"),
+                          "--output", str(tmp_path / "out.npy")], stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=default_sigint,
+                         env={**os.environ, "DECLUTR_PROGRESS_EVERY": "0.2"})
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stderr))
+    reader.start()
+    t0 = time.time()
+    while not any("texts/s" in line for line in lines) and p.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.05)
+    assert p.poll() is None, "embed.py ended before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=20) == 130
+    reader.join()
+    err = "".join(lines)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted", err[-2000:]
+    assert not (tmp_path / "out.npy").exists()
+
+
+# --- what a path is ----------------------------------------------------------------------------------------
+
+
+def test_linked_folders_of_data_are_followed_once(tmp_path):
+    """--data holding links to folders (a corpus kept as links to its parts) reads their files, each real folder
+    once: a link back up the tree is not followed round, and two links to one folder give its files once."""
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    for name in ("a.txt", "deep/b.txt"):
+        (tmp_path / "elsewhere" / name).write_text("text")
+    data = tmp_path / "data"
+    (data / "own").mkdir(parents=True)
+    (data / "own" / "c.txt").write_text("text")
+    (data / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (data / "link-again").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (data / "own" / "up").symlink_to(data, target_is_directory=True)  # a cycle
+    got = [f.resolve().relative_to(tmp_path).as_posix() for f in list_files([data])]
+    assert sorted(got) == ["data/own/c.txt", "elsewhere/a.txt", "elsewhere/deep/b.txt"]
+    (tmp_path / "sts" / "real").mkdir(parents=True)
+    (tmp_path / "sts" / "real" / "sts-dev.csv").write_text("g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\n")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "stsb").symlink_to(tmp_path / "sts" / "real", target_is_directory=True)
+    assert V.load_stsb_dev(tmp_path / "eval")[2].tolist() == [4.0]
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, tiny):
+    """A file that opens with a UTF-8 byte-order mark (Windows editors write one) embeds, tokenises into the corpus
+    and scores as the same file without it."""
+    model, tok = M.load_pretrained(str(tiny), quiet=True)
+    text = "a cat sat on the mat\nwhile a dog barked at the moon\n"
+    for folder, data in (("plain", text.encode()), ("bom", b"\xef\xbb\xbf" + text.encode())):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "t.txt").write_bytes(data)
+        (tmp_path / folder / "t.jsonl").write_bytes(data[:3] * (folder == "bom") + b'{"text": "a cat"}\n')
+        E.main(["--model", str(tiny), str(tmp_path / folder / "t.txt"), str(tmp_path / folder / "t.jsonl"),
+                "--output", str(tmp_path / folder / "e.npy"), "--dtype", "fp32"])
+        c = prepare_corpus([tmp_path / folder], tok, str(tmp_path / folder / "cache"))
+        sts = tmp_path / f"{folder}-sts" / "STS12"  # a SemEval input's first column is a sentence
+        sts.mkdir(parents=True)
+        (sts / "STS.input.x.txt").write_bytes(data[:3] * (folder == "bom") + b"A cat.\tA cat sits.\n")
+        (sts / "STS.gs.x.txt").write_text("4.0\n")
+        assert V.find_tasks(sts, "test")["STS12"]["x"][0] == ["A cat."]
+    assert np.array_equal(np.load(tmp_path / "bom" / "e.npy"), np.load(tmp_path / "plain" / "e.npy"))
+    plain = prepare_corpus([tmp_path / "plain"], tok, str(tmp_path / "plain" / "cache"))
+    assert np.array_equal(np.asarray(c.tokens), np.asarray(plain.tokens))
+    assert tok.decode(np.asarray(c.tokens[:3]).tolist()).startswith("a cat")
+
+
+def test_embed_reads_a_pipe_and_names_folders_and_devices(tmp_path, tiny, capsys):
+    """A pipe (`<(zcat a.gz)`, a FIFO) is read once, as standard input is, and embeds as the file it carries; a
+    folder and /dev/null are named as what they are, with what embed.py reads, not as missing."""
+    (tmp_path / "t.txt").write_text("a cat\na dog\n")
+    E.main(["--model", str(tiny), str(tmp_path / "t.txt"), "--output", str(tmp_path / "file.npy")])
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("a cat\na dog\n"), daemon=True)
+    writer.start()
+    E.main(["--model", str(tiny), str(fifo), "--output", str(tmp_path / "pipe.npy")])
+    writer.join()
+    assert np.array_equal(np.load(tmp_path / "pipe.npy"), np.load(tmp_path / "file.npy"))
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" "{ROOT / "embed.py"}" --model "{tiny}" '
+                                      f'<(cat "{tmp_path / "t.txt"}") --output "{tmp_path / "subst.npy"}"'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.load(tmp_path / "subst.npy"), np.load(tmp_path / "file.npy"))
+    for path, kind in ((tmp_path, "a folder"), (os.devnull, "a character device")):
+        code, line = fails(E.main, ["--model", str(tiny), str(path), "--output", str(tmp_path / "x.npy")], capsys)
+        assert code == 1 and line == (f"error: {path}: is {kind}, not a file of texts; embed.py reads .txt and .jsonl "
+                                      f"files (maybe .gz), pipes, and - for standard input"), line
+
+
+# --- evaluation files --------------------------------------------------------------------------------------
+
+
+ROW = "g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\n"
+
+
+def test_evaluate_refuses_two_copies_of_a_task_naming_both(tmp_path, tiny, capsys):
+    """Two sts-dev.csv under --data (only the first was scored, silently), or a SemEval subset in two folders of one
+    year (the second overwrote the first): one line naming both."""
+    for sub in ("a", "b"):
+        (tmp_path / "sts" / sub).mkdir(parents=True)
+        (tmp_path / "sts" / sub / "sts-dev.csv").write_text(ROW)
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "sts"), "--split", "dev"], capsys)
+    assert code == 1 and line == (f"error: {tmp_path / 'sts'}: 2 files named sts-dev.csv ({tmp_path}/sts/a/"
+                                  f"sts-dev.csv, {tmp_path}/sts/b/sts-dev.csv); pass --data the folder of the one to "
+                                  f"score"), line
+    with pytest.raises(Exception, match="2 files named sts-dev.csv"):
+        V.load_stsb_dev(tmp_path / "sts")
+    for year_folder in ("STS12", "STS12-en-test"):
+        (tmp_path / "semeval" / year_folder).mkdir(parents=True)
+        (tmp_path / "semeval" / year_folder / "STS.input.MSRpar.txt").write_text("A cat.\tA cat sits.\n")
+        (tmp_path / "semeval" / year_folder / "STS.gs.MSRpar.txt").write_text("4.0\n")
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "semeval"), "--split", "test"], capsys)
+    assert code == 1 and line == (f"error: STS12 subset MSRpar is in two folders ({tmp_path}/semeval/STS12, "
+                                  f"{tmp_path}/semeval/STS12-en-test); keep one, or pass --data a folder that holds "
+                                  f"only one"), line
+
+
+def test_evaluate_refuses_a_row_that_is_not_utf8_as_embed_does(tmp_path, tiny, capsys):
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_bytes(ROW.encode() + "g\tf\t2012\t2\t3.0\tCaf\xe9.\tA caf\xe9.\n"
+                                                   .encode("latin-1"))
+    code, line = fails(V.main, ["--model", str(tiny), "--data", str(tmp_path / "sts"), "--split", "dev"], capsys)
+    assert code == 1 and line == (f"error: {tmp_path / 'sts' / 'sts-dev.csv'}:2: not UTF-8 (invalid continuation "
+                                  f"byte at byte 18 of the line)"), line
+    (tmp_path / "in.txt").write_bytes("Caf\xe9.\n".encode("latin-1"))
+    code, line = fails(E.main, ["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy")],
+                       capsys)
+    assert code == 1 and "in.txt:1: not UTF-8 (invalid continuation byte" in line  # embed.py's own line, the same
+
+
+# --- hints -------------------------------------------------------------------------------------------------
+
+
+def test_convert_twice_into_one_out_and_sampler_on_a_scratch_shape(tmp_path, tiny, capsys):
+    """model.py convert into an --out that already holds safetensors does not say "or pass --out" to a user who
+    did; sampler.py --model scratch:tiny says whose shape it is, not "no such folder"."""
+    import torch
+    from safetensors.torch import load_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        (src / f).write_bytes((tiny / f).read_bytes())
+    torch.save(load_file(str(tiny / "model.safetensors")), src / "pytorch_model.bin")
+    M.main(["convert", str(src), "--out", str(tmp_path / "x")])
+    code, line = fails(M.main, ["convert", str(src), "--out", str(tmp_path / "x")], capsys)
+    assert code == 1 and line == (f"error: {tmp_path / 'x' / 'model.safetensors'} exists already; pass another "
+                                  f"--out, or remove it first"), line
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("text")
+    code, line = fails(S.main, ["--model", "scratch:tiny", "--data", str(tmp_path / "docs")], capsys)
+    assert code == 2 and line.startswith("error: scratch:tiny: a random-init shape that only train.py"), line
+
+
+def test_the_reference_quotes_the_replanned_lr_the_demo_prints():
+    """docs/reference.md's 600 -> 1,000 resume line: the demo's lr 1e-3, ratio 32, cut 0.1; step 601 is step index 600
+    of 1,000: p = 1 - (600 - 100) / 900, lr = 1e-3 (1 + 31 p) / 32 = 4.62e-04 (worked by hand); step 600 of 600 had
+    p = 1 - 539 / 540, lr 3.30e-05."""
+    quoted = re.search(r"step 601 trains\s+at lr (\S+) \(step 600 had (\S+)\)", (ROOT / "docs" / "reference.md")
+                       .read_text())
+    by_hand = 1e-3 * (1 + 31 * (1 - 500 / 900)) / 32, 1e-3 * (1 + 31 * (1 - 539 / 540)) / 32
+    assert quoted.groups() == tuple(f"{x:.2e}" for x in by_hand) == ("4.62e-04", "3.30e-05")
+    cfg = T.TrainConfig(lr=1e-3)
+    assert (T.lr_at(600, 1000, cfg), T.lr_at(599, 600, cfg)) == pytest.approx(by_hand)
