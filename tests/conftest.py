@@ -107,6 +107,16 @@ def docs(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random encoder with a real tokenizer, saved, for fast CLI runs."""
+    import model as M
+
+    d = tmp_path_factory.mktemp("tiny")
+    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
+    return d
+
+
 def stsb_sentences(limit=None):
     """Unique STS-B dev sentences, in file order (columns 6 and 7, tab-separated, no CSV quoting)."""
     seen = {}

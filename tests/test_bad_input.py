@@ -21,13 +21,6 @@ from support.cli import UserError
 from support.files import write_atomic
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
-    return d
-
-
 def snapshot(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

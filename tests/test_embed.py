@@ -12,15 +12,6 @@ import model as M
 from conftest import ROOT, minilm, oracle, stsb_sentences
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny random encoder with a real tokenizer, saved, for fast CLI runs."""
-    d = tmp_path_factory.mktemp("tiny")
-    model, tok = M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50)
-    M.save_pretrained(model, tok, d)
-    return d
-
-
 def naive(texts, model, tok):
     """One text at a time, no padding, no sorting: the definition of a mean-pooled embedding."""
     out = []

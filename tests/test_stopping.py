@@ -145,18 +145,23 @@ def ranks_of(torchrun_pid: int) -> dict[str, int]:
     return ranks
 
 
-@pytest.mark.slow
-def test_ctrl_c_under_torchrun_ends_every_rank_at_once(tmp_path, cache, sessions):
-    """Ctrl-C in torchrun's terminal: torchrun passes SIGINT on to each rank's group (workers too); each machine's
-    one line, and torchrun and every rank gone within 10 s (torchrun would SIGKILL a rank after 30)."""
-    p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", "--workers", "2"), stdout=subprocess.PIPE,
+def torchrun_at_step_20(tmp_path, cache, sessions, *extra):
+    """(torchrun, {RANK: pid}, its output from now on) of the demo on 2 ranks, once it has logged 20 steps."""
+    p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", *extra), stdout=subprocess.PIPE,
               stderr=subprocess.STDOUT)
     sessions(p.pid)
     wait_for_steps(p, tmp_path / "t", 20)
     ranks = ranks_of(p.pid)
     for pid in ranks.values():
         sessions(pid)
-    out = Lines(p.stdout)
+    return p, ranks, Lines(p.stdout)
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_ends_every_rank_at_once(tmp_path, cache, sessions):
+    """Ctrl-C in torchrun's terminal: torchrun passes SIGINT on to each rank's group (workers too); each machine's
+    one line, and torchrun and every rank gone within 10 s (torchrun would SIGKILL a rank after 30)."""
+    p, ranks, out = torchrun_at_step_20(tmp_path, cache, sessions, "--workers", "2")
     os.killpg(p.pid, signal.SIGINT)
     p.wait(timeout=10)
     ours = out.ours()
@@ -170,14 +175,7 @@ def test_a_rank_killed_under_torchrun_stops_the_others_at_once(tmp_path, cache, 
     """kill -9 of rank 1 (what the OOM killer does) with its DataLoader workers running: its workers die with it, so
     its connections reset the moment it dies, and rank 0 says the documented line well before --ddp-timeout 20 and
     torchrun's own 30 s; nothing of rank 1 is left."""
-    p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", "--ddp-timeout", "20"), stdout=subprocess.PIPE,
-              stderr=subprocess.STDOUT)
-    sessions(p.pid)
-    wait_for_steps(p, tmp_path / "t", 20)
-    ranks = ranks_of(p.pid)
-    for pid in ranks.values():
-        sessions(pid)
-    out = Lines(p.stdout)
+    p, ranks, out = torchrun_at_step_20(tmp_path, cache, sessions, "--ddp-timeout", "20")
     os.kill(ranks["1"], signal.SIGKILL)
     p.wait(timeout=60)
     ours = out.ours()

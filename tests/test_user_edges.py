@@ -23,14 +23,6 @@ from support.cli import cli
 from support.corpus import list_files, prepare_corpus
 from test_train import default_sigint
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
-    return d
-
-
 # --- Ctrl-C ------------------------------------------------------------------------------------------------
 
 
