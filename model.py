@@ -12,7 +12,6 @@ safetensors through an explicit name map, so transformers and sentence-transform
     python model.py convert johngiorgi/declutr-small --out declutr-small   # pytorch_model.bin -> model.safetensors
     python model.py scratch --shape tiny --corpus docs/ --out tiny-model    # random init + BPE trained on docs/
 """
-import argparse
 import functools
 import sys
 from dataclasses import asdict, dataclass, fields
@@ -24,10 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from support import hub
-from support.cli import OneLineParser, UserError, cli, say
+from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
 from support.device import padding_mask
-from support.files import make_dirs, write_atomic, write_json
+from support.files import check_out_folder, make_dirs, write_atomic, write_json
 
 
 @dataclass
@@ -99,6 +98,30 @@ class Embeddings(nn.Module):
         return self.drop(self.ln(self.word(ids) + self.position(pos) + self.token_type.weight[0]))
 
 
+class Packing:
+    """The real tokens of a (B, T) batch padded on the right, as one (N, H) list. Spans of 32-512 tokens batched
+    together are often half padding (§3.1's lengths): every token-wise matmul runs on the N real tokens only, and
+    padding exists only inside attention. A batch without padding is left as it is, and attends without a mask."""
+
+    def __init__(self, B: int, T: int, attention_mask=None, positions=None):
+        self.B, self.T = B, T
+        if positions is None and attention_mask is not None and not bool(attention_mask.all()):
+            positions = attention_mask.flatten().nonzero().squeeze(1)
+        self.positions = positions  # (N,) the real tokens' flat places in (B*T), or None: all of them
+        self.keys = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
+
+    def pack(self, x):
+        """(B, T, ...) -> (N, ...)"""
+        x = x.flatten(0, 1)
+        return x if self.positions is None else x[self.positions]
+
+    def unpack(self, x):
+        """(N, ...) -> (B, T, ...), zeros at padding"""
+        if self.positions is not None:
+            x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
+        return x.view(self.B, self.T, *x.shape[1:])
+
+
 class SelfAttention(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -108,17 +131,14 @@ class SelfAttention(nn.Module):
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
-    def forward(self, x, mask, nonpad, B, T):
-        """x: (N, H) the non-pad tokens of a (B, T) batch; nonpad: their flat positions in it (None: all B*T)."""
-        H = x.shape[-1]
-        qkv = self.qkv(x)  # (N, 3H)
-        if nonpad is not None:  # attention alone needs the (B, T) layout: scatter in, gather out
-            qkv = qkv.new_zeros(B * T, 3 * H).index_copy_(0, nonpad, qkv)
+    def forward(self, x, packing):
+        """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the (B, T) layout."""
+        B, T, H = packing.B, packing.T, x.shape[-1]
+        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B * T, H)  # (B*T, H)
-        if nonpad is not None:
-            y = y[nonpad]  # (N, H)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.keys,
+                                           dropout_p=self.p if self.training else 0.0)  # (B, nh, T, hd)
+        y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 
 
@@ -140,8 +160,8 @@ class Layer(nn.Module):
         super().__init__()
         self.attn, self.ffn = SelfAttention(c), FeedForward(c)
 
-    def forward(self, x, mask, nonpad, B, T):
-        return self.ffn(self.attn(x, mask, nonpad, B, T))
+    def forward(self, x, packing):
+        return self.ffn(self.attn(x, packing))
 
 
 class MLMHead(nn.Module):
@@ -165,26 +185,17 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(c)
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
         self.mlm = MLMHead(c)
+        self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
 
-    def forward(self, input_ids, attention_mask=None, nonpad=None):
-        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). nonpad: the (N,) flat
-        positions of the mask's ones (nonpad_positions), from a caller who knows the lengths; found here instead, on a
-        GPU, they would make the host wait for the GPU to finish all it was given."""
-        B, T = input_ids.shape
-        x = self.embeddings(input_ids).flatten(0, 1)  # (B*T, H)
-        if attention_mask is not None and nonpad is None and not bool(attention_mask.all()):
-            nonpad = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-        mask = None
-        if nonpad is not None:
-            # Spans of 32-512 tokens batched together are often half padding (§3.1's lengths): every
-            # token-wise matmul runs on the N real tokens only; padding exists only inside attention.
-            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) which keys to attend to
-            x = x[nonpad]  # (N, H)
+    def forward(self, input_ids, attention_mask=None, positions=None):
+        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). Every token-wise layer
+        runs on the real tokens only (Packing); positions, their flat places, may come from a caller who knows the
+        lengths: found here instead, on a GPU, they would make the host wait for the GPU to finish all it was given."""
+        packing = Packing(*input_ids.shape, attention_mask, positions)
+        x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
-            x = layer(x, mask, nonpad, B, T)
-        if nonpad is not None:
-            x = x.new_zeros(B * T, x.shape[-1]).index_copy_(0, nonpad, x)
-        return x.view(B, T, -1)  # (B, T, H)
+            x = layer(x, packing)
+        return packing.unpack(x)  # (B, T, H)
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
@@ -211,8 +222,8 @@ def mean_pool(hidden, attention_mask):
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
-def nonpad_positions(lengths: np.ndarray, T: int) -> np.ndarray:
-    """The flat positions, in a (B, T) batch padded on the right, of the non-pad tokens of rows of these lengths."""
+def real_positions(lengths: np.ndarray, T: int) -> np.ndarray:
+    """Packing's positions, worked out on the host: the flat places of the real tokens of rows of these lengths."""
     return np.flatnonzero(padding_mask(lengths, T))
 
 
@@ -307,7 +318,7 @@ def save_pretrained(model: Encoder, tok, out: str | Path):
     out, c = make_dirs(Path(out)), model.config
     hub.write_safetensors(out / "model.safetensors", hf_state_dict(model))
     write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
-    kept = getattr(model, "sentence_transformers", {})  # the starting checkpoint's max_seq_length and Normalize
+    kept = model.sentence_transformers  # the starting checkpoint's max_seq_length and Normalize
     files = {"config.json": hub.hf_config(asdict(c)), "tokenizer_config.json": hub.tokenizer_files(tok, c.max_tokens),
              **hub.sentence_transformers_files(c.hidden_size, c.max_tokens, kept)}
     for name, obj in files.items():
@@ -363,21 +374,7 @@ def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int 
 
 @cli
 def main(argv=None):
-    ap = OneLineParser(prog="model.py", description=__doc__.split("\n\n")[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
-    cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
-    cv.add_argument("model", help="local directory, or hub id whose repo ships only pytorch_model.bin")
-    cv.add_argument("--out", help="output directory (default: the model's own directory)")
-    sc = sub.add_parser("scratch", help="random init of a named shape, BPE tokenizer trained on --corpus",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sc.add_argument("--shape", default="tiny", choices=list(SHAPES), help="named random-init shape")
-    sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
-    sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
-    sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
-    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
-    args = ap.parse_args(argv)
+    args = model_commands(__doc__.split("\n\n")[0], list(SHAPES)).parse_args(argv)
     if args.cmd == "info":
         model, _ = load_pretrained(args.model)
         c, n = model.config, sum(p.numel() for p in model.parameters())
@@ -389,11 +386,7 @@ def main(argv=None):
         load_pretrained(str(out))  # proves the result loads
         print(f"wrote {out / 'model.safetensors'}")
     else:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():  # as train.py says it of its --out
-            raise UserError(f"--out {out}: is a file, not a folder", code=2)
-        if out.is_dir() and any(out.iterdir()) and not args.overwrite:
-            raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
+        out = check_out_folder(Path(args.out), args.overwrite)
         model, tok = from_scratch(args.shape, document_texts(args.corpus), args.seed, quiet=False)
         save_pretrained(model, tok, out)
         print(f"wrote {out}: {args.shape}, vocab {model.config.vocab_size}")

@@ -15,37 +15,37 @@ tokens and sampling never tokenises. Every batch is a pure function of (seed, ep
     python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
     python sampler.py --help                                                          # every flag and default
 """
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from model import load_config_and_tokenizer
-from support.cli import UserError, bounded, choice, cli, parse_config
-from support.corpus import Corpus, check_usable, prepare_corpus
+from support.cli import UserError, cli, flag, parse_config, say
+from support.corpus import Corpus, prepare_corpus
 from support.device import pad_rows
 from support.hub import special_ids
 from support.workers import prefetched_batches
 
-VIEWS = ("all", "overlap", "adjacent", "subsumed")  # where a positive may lie relative to its anchor (Fig. 2)
-
 
 @dataclass
 class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends these
-    model: str = ""  # hub id, local folder or (train.py) scratch:SHAPE; empty: distilroberta-base (or the demo)
-    data: list = field(default_factory=list)  # .txt / .jsonl files (optionally .gz) and directories of them
-    docs_per_step: int = bounded(16, 1)  # N, over all ranks together
-    num_anchors: int = bounded(2, 1)  # A
-    num_positives: int = bounded(2, 1)  # P
-    min_span: int = bounded(32, 1)  # l_min, in model tokens, special tokens excluded
-    max_span: int = bounded(512, 1)  # l_max; lowered to fit the model's positions once <s> and </s> are added
-    scale_short_docs: bool = False  # sample documents shorter than 2*A*l_max with a smaller l_max, not skip them
-    positive_view: str = choice(*VIEWS)  # where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)
-    keep_whitespace: bool = False  # tokenise the text as it is, not with every run of whitespace made one space
-    mlm_probability: float = bounded(0.15, 0, 1, strict=True)  # share of the anchors' tokens that MLM predicts
-    seed: int = bounded(0, 0, 2**32 - 1)  # of the shuffle, the spans, the masks and (train.py) the weights and dropout
-    cache_dir: str = ""  # tokenised corpus cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr
-    workers: int = bounded(2, 0)  # DataLoader worker processes per rank
+    model: str = flag("", "hub id, local folder or (train.py) scratch:SHAPE; empty: distilroberta-base (or the demo)")
+    data: list = flag(list, ".txt / .jsonl files (optionally .gz) and directories of them")
+    docs_per_step: int = flag(16, "N, over all ranks together", low=1)
+    num_anchors: int = flag(2, "A", low=1)
+    num_positives: int = flag(2, "P", low=1)
+    min_span: int = flag(32, "l_min, in model tokens, special tokens excluded", low=1)
+    max_span: int = flag(512, "l_max; lowered to fit the model's positions once <s> and </s> are added", low=1)
+    scale_short_docs: bool = flag(False, "sample documents shorter than 2*A*l_max with a smaller l_max, not skip them")
+    positive_view: str = flag("all", "where positives lie: all, overlap, adjacent or subsumed (paper Fig. 2)",
+                              choices=("all", "overlap", "adjacent", "subsumed"))
+    keep_whitespace: bool = flag(False, "tokenise the text as it is, not with every run of whitespace made one space")
+    mlm_probability: float = flag(0.15, "share of the anchors' tokens that MLM predicts", low=0, high=1, strict=True)
+    seed: int = flag(0, "of the shuffle, the spans, the masks and (train.py) the weights and dropout",
+                     low=0, high=2**32 - 1)
+    cache_dir: str = flag("", "tokenised corpus cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr")
 
     def validate(self):
         if self.min_span > self.max_span:
@@ -61,7 +61,8 @@ def span_length(rng: np.random.Generator, a: float, b: float, min_len: int, max_
 
 
 def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng, view="all"):
-    """One ((a_start, a_end), [(p_start, p_end), ...]) per anchor; half-open token positions in the document."""
+    """One ((anchor_start, anchor_end), [(positive_start, positive_end), ...]) per anchor; half-open token positions
+    in the document."""
     if n_tokens < 2 * num_anchors * max_len or min_len > max_len:  # the original's rule, n >= 2·A·l_max
         raise ValueError(f"{n_tokens} tokens: {num_anchors} anchors of up to {max_len} tokens need at least "
                          f"{2 * num_anchors * max_len} (num_anchors * max_span * 2)")
@@ -74,42 +75,62 @@ def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng, vi
     blocks = n_tokens // max_len
     picks = np.sort(rng.choice(blocks - (num_anchors - 1), size=num_anchors, replace=False)) + np.arange(num_anchors)
     out = []
-    for b in picks:
+    for block in picks:
         # §3.2: the anchor's length is floor(p * (l_max - l_min) + l_min) with p ~ Beta(4, 2): anchors skew long
-        la = span_length(rng, 4, 2, min_len, max_len)
+        anchor_len = span_length(rng, 4, 2, min_len, max_len)
         # Its start: anywhere in its block that leaves room for the whole anchor
-        sa = int(b) * max_len + int(rng.integers(0, max_len - la + 1))
-        # §3.2: P positives near the anchor, shorter (q ~ Beta(2, 4)); `view` (Fig. 2) says where they may lie
-        positives = [positive_span(rng, view, sa, la, n_tokens, min_len, max_len) for _ in range(num_positives)]
-        out.append(((sa, sa + la), positives))
+        anchor_start = int(block) * max_len + int(rng.integers(0, max_len - anchor_len + 1))
+        positives = [positive_span(rng, anchor_start, anchor_len, n_tokens, min_len, max_len, view)
+                     for _ in range(num_positives)]
+        out.append(((anchor_start, anchor_start + anchor_len), positives))
     return out
 
 
-def positive_span(rng, view: str, sa: int, la: int, n: int, min_len: int, max_len: int) -> tuple[int, int]:
-    """(start, end) of one positive for the anchor [sa, sa + la) of a document of n tokens. The paper's views (Fig. 2):
-    all (the default): anywhere it adjoins the anchor, overlaps it or lies inside it; adjacent: ending where the
-    anchor starts or starting where it ends; subsumed: inside it; overlap: sharing text with it without lying
-    inside it."""
-    if view == "subsumed":  # no longer than its anchor, as in the original
-        lp = span_length(rng, 2, 4, min(min_len, la), la)
-        sp = int(rng.integers(sa, sa + la - lp + 1))
-    elif view == "adjacent":  # no longer than the room on one side of the anchor, as in the original
-        lp = span_length(rng, 2, 4, min_len, max(min_len, min(max_len, max(sa, n - sa - la))))
-        sides = [s for s in (sa - lp, sa + la) if 0 <= s <= n - lp]
-        sp = int(sides[rng.integers(len(sides))])
-    elif view == "overlap":
-        lp = span_length(rng, 2, 4, max(2, min_len), max(2, max_len))  # 1 token would lie inside or share nothing
-        # starts that share text with the anchor, less those inside it: one range before, one after
-        before = range(max(0, sa - lp + 1), min(sa, n - lp + 1))
-        after = range(max(sa, sa + la - lp + 1), min(sa + la, n - lp + 1))
-        k = int(rng.integers(len(before) + len(after)))
-        sp = before[k] if k < len(before) else after[k - len(before)]
-    else:
-        lp = span_length(rng, 2, 4, min_len, max_len)
-        # uniform over every start at which it adjoins the anchor (ending where the anchor starts, or starting
-        # where it ends), overlaps it, or lies inside it, within the document
-        sp = int(rng.integers(max(0, sa - lp), min(sa + la, n - lp) + 1))
-    return sp, sp + lp
+def positive_span(rng, anchor_start: int, anchor_len: int, n_tokens: int, min_len: int, max_len: int,
+                  view: str = "all") -> tuple[int, int]:
+    """(start, end) of one positive of the anchor [anchor_start, anchor_start + anchor_len). §3.2: anywhere it
+    adjoins its anchor, overlaps it or lies inside it; --positive-view restricts this to one of Fig. 2's views."""
+    if view != "all":
+        return POSITIVE_VIEWS[view](rng, anchor_start, anchor_len, n_tokens, min_len, max_len)
+    # §3.2: its length is floor(q * (l_max - l_min) + l_min) with q ~ Beta(2, 4): positives skew short
+    positive_len = span_length(rng, 2, 4, min_len, max_len)
+    # Its start: uniform over every start at which it adjoins the anchor (ending where the anchor starts, or starting
+    # where it ends), overlaps it, or lies inside it, within the document
+    lowest, highest = max(0, anchor_start - positive_len), min(anchor_start + anchor_len, n_tokens - positive_len)
+    positive_start = int(rng.integers(lowest, highest + 1))
+    return positive_start, positive_start + positive_len
+
+
+# Fig. 2's views, the paper's ablation of where a positive lies (--positive-view), each as in the original
+
+def subsumed(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+    """Inside its anchor, and no longer than it."""
+    positive_len = span_length(rng, 2, 4, min(min_len, anchor_len), anchor_len)
+    positive_start = int(rng.integers(anchor_start, anchor_start + anchor_len - positive_len + 1))
+    return positive_start, positive_start + positive_len
+
+
+def adjacent(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+    """Ending where the anchor starts or starting where it ends, no longer than the room on the longer side."""
+    room = max(anchor_start, n_tokens - anchor_start - anchor_len)
+    positive_len = span_length(rng, 2, 4, min_len, max(min_len, min(max_len, room)))
+    sides = [s for s in (anchor_start - positive_len, anchor_start + anchor_len) if 0 <= s <= n_tokens - positive_len]
+    positive_start = int(sides[rng.integers(len(sides))])
+    return positive_start, positive_start + positive_len
+
+
+def overlapping(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+    """Sharing text with its anchor without lying inside it: a start in one range before the anchor's, or one after."""
+    positive_len = span_length(rng, 2, 4, max(2, min_len), max(2, max_len))  # 1 token: inside, or sharing nothing
+    anchor_end = anchor_start + anchor_len
+    before = range(max(0, anchor_start - positive_len + 1), min(anchor_start, n_tokens - positive_len + 1))
+    after = range(max(anchor_start, anchor_end - positive_len + 1), min(anchor_end, n_tokens - positive_len + 1))
+    k = int(rng.integers(len(before) + len(after)))
+    positive_start = before[k] if k < len(before) else after[k - len(before)]
+    return positive_start, positive_start + positive_len
+
+
+POSITIVE_VIEWS = {"overlap": overlapping, "adjacent": adjacent, "subsumed": subsumed}
 
 
 def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
@@ -142,9 +163,28 @@ class SpanBatches(torch.utils.data.Dataset):
         floor = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)
         self.docs = np.flatnonzero(corpus.lengths >= floor)
         self.steps_per_epoch = len(self.docs) // world_size // max(1, self.per_rank)
-        check_usable(corpus, cfg, floor, len(self.docs), self.steps_per_epoch, world_size, self.max_span, max_tokens,
-                     SamplerConfig.max_span)
+        self.check_usable(floor, max_tokens)
         self._shard = (None, None)
+
+    def check_usable(self, floor: int, max_tokens: int):
+        """One line for documents it cannot use (none, none long enough, too few for a step), or for what it uses;
+        a --max-span lowered to fit the model's positions is said, unless it is the paper's (its 512 counts the span
+        inside <s> ... </s>)."""
+        cfg, corpus, usable = self.cfg, self.corpus, len(self.docs)
+        if self.max_span < cfg.max_span != SamplerConfig.max_span:
+            say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
+                f"using {self.max_span}", file=sys.stderr)
+        if len(corpus) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
+            raise UserError(f"no documents in the data: {corpus.meta['summary']}")
+        if usable == 0:
+            raise UserError(f"no document has the {floor:,} tokens that {cfg.num_anchors} anchors need (2·A·l_max); "
+                            f"the longest has {int(corpus.lengths.max(initial=0)):,}. Lower --max-span or pass "
+                            f"--scale-short-docs")
+        if self.per_rank == 0 or self.steps_per_epoch == 0:
+            raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
+                            f"{self.world} ranks")
+        say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {floor:,} "
+            f"tokens; {self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
 
     def max_len(self, n: int) -> int:
         """l_max for a document of n tokens: the run's, or n / 2A for a short one under --scale-short-docs."""
@@ -191,7 +231,7 @@ def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: 
 
 @dataclass
 class SamplerCommand(SamplerConfig):  # python sampler.py: the settings above, and what to show
-    show: int = bounded(1, 0)  # print the spans of this many documents of step 0
+    show: int = flag(1, "print the spans of this many documents of step 0", low=0)
 
 
 @cli

@@ -8,7 +8,7 @@ a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to nor
 Read from the top: the config, one step and what it is made of, the schedule and optimiser, the loop, then the
 set-up; processes, the run folder, checkpoints and how a run starts and stops are support/'s.
 
-    python train.py                                   # the demo: a tiny model learns from Python's own docs, ~3 min
+    python train.py                                   # the demo: a tiny model learns from Python's own docs, ~2 min
     python train.py --model scratch:tiny --data docs/ --steps 200 --lr 1e-3 --out runs/tiny
     python train.py --model distilroberta-base --data docs/ --out runs/declutr-small
     torchrun --nproc_per_node=4 train.py --model distilroberta-base --data owt/ --out runs/declutr-small
@@ -42,87 +42,79 @@ from model import (
     scratch_shape,
     scratch_tokenizer,
 )
-from support import runs, stopping
+from support import demo, runs, stopping
 from support.chunks import Spans
-from support.cli import UserError, bounded, cli, given_fields, parse_config, say
-from support.corpus import demo_corpus, document_texts
-from support.device import Precision, autocast_dtype, cpu_threads, rng_state, say_compiled, set_rng_state, to_device
-from support.processes import Process, corpus_for_run, made_once, processes
+from support.cli import UserError, cli, flag, given_fields, parse_config
+from support.corpus import document_texts
+from support.device import autocast_dtype, cpu_threads, rng_state, say_compiled, set_rng_state, to_device
+from support.processes import Process, corpus_for_run, data_parallel, made_once, processes
 
+DISABLED = torch.amp.GradScaler("cpu", enabled=False)  # fp16's loss scale is off in every other precision
 MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a typo, not a run
 
 
 @dataclass
-class TrainConfig(sampler.SamplerConfig, Precision):  # --dtype, the sampler's (model, data, N, A, P...), these
-    # The paper's hyperparameters
-    temperature: float = bounded(0.05, 0, 10, strict=True)  # tau of NT-Xent
-    mlm: bool = True  # --no-mlm: contrastive only (the paper's Fig. 3 ablation)
-    contrastive: bool = True  # --no-contrastive: MLM only
-    lr: float = bounded(5e-5, 0, 1, strict=True)
-    weight_decay: float = bounded(0.1, 0, 1)  # AdamW's, decoupled; not on biases and LayerNorms
-    warmup_frac: float = bounded(0.1, 0, 1)  # slanted triangular cut_frac
-    lr_ratio: float = bounded(32.0, 1, 1e6)  # slanted triangular: lowest lr is lr / ratio
-    max_grad_norm: float = bounded(1.0, 0, 1e6, strict=True)
-    steps: int = bounded(0, 0, MAX_STEPS)  # optimiser steps; 0: --epochs passes over the documents
-    epochs: int = bounded(1, 1, 10**6)
-    # How a step runs
-    chunk_tokens: int = bounded(16384, 1)  # spans run in length-sorted chunks of at most this many padded tokens
-    grad_cache: bool = False  # GradCache: chunks forward without a graph, then backward chunk by chunk
-    compile: bool = False  # torch.compile each chunk's forward: the encoder, pooling and the MLM head
-    ddp_timeout: int = bounded(1800, 1, 604800)  # seconds a collective waits for the other ranks before the job stops
-    threads: int = bounded(0, 0)  # torch CPU threads per rank; 0: its share of the cores free when it starts
-    # The run: its folder, logs, evaluation, checkpoints
-    out: str = ""  # checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)
-    resume: bool = False  # continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured
-    any_world_size: bool = False  # --resume on other processes than the run had (every later step then differs)
-    overwrite: bool = False  # start afresh in an out that holds an earlier run
-    log_every: int = bounded(10, 1)
-    eval_data: str = ""  # STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best
-    eval_every: int = bounded(0, 0)  # steps between evaluations (0: only at the end)
-    ckpt_every: int = bounded(500, 1)
-    keep_ckpts: int = bounded(2, 1)  # the newest checkpoints kept
+class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # and the spans' (sampler.py), the run's (support)
+    # §3.2-3.3 and §4: the paper's hyperparameters
+    temperature: float = flag(0.05, "tau of NT-Xent", low=0, high=10, strict=True)
+    mlm: bool = flag(True, "--no-mlm: contrastive only (the paper's Fig. 3 ablation)")
+    contrastive: bool = flag(True, "--no-contrastive: MLM only")
+    lr: float = flag(5e-5, "AdamW's peak learning rate", low=0, high=1, strict=True)
+    weight_decay: float = flag(0.1, "AdamW's, decoupled; not on biases and LayerNorms", low=0, high=1)
+    warmup_frac: float = flag(0.1, "slanted triangular cut_frac", low=0, high=1)
+    lr_ratio: float = flag(32.0, "slanted triangular: lowest lr is lr / ratio", low=1, high=1e6)
+    max_grad_norm: float = flag(1.0, "gradients clipped to this norm", low=0, high=1e6, strict=True)
+    steps: int = flag(0, "optimiser steps; 0: --epochs passes over the documents", low=0, high=MAX_STEPS)
+    epochs: int = flag(1, "passes over the documents, when --steps is 0", low=1, high=10**6)
+    # How a step runs: the same gradient, in less time or memory
+    dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
+                      choices=("auto", "fp32", "bf16", "fp16"))
+    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded tokens", low=1)
+    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk by chunk")
+    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the MLM head")
 
     def validate(self):
-        super().validate()
+        sampler.SamplerConfig.validate(self)
+        runs.RunConfig.validate(self)
         if not (self.mlm or self.contrastive):
             raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
         if self.contrastive and self.docs_per_step * self.num_anchors < 2:
             raise UserError(f"--docs-per-step {self.docs_per_step} with --num-anchors {self.num_anchors}: the "
                             f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
-        if self.resume and self.overwrite:
-            raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
         if (shape := scratch_name(self.model)) is not None:
             scratch_shape(shape, "--model scratch:")
 
 
 # Flags that --resume takes from the command line, as they do not change the model's trajectory; any other is refused
-RESUMABLE = {"out", "resume", "steps", "epochs", "log_every", "eval_data", "eval_every", "ckpt_every", "keep_ckpts",
-             "workers", "threads", "cache_dir", "ddp_timeout", "any_world_size"}
+RESUMABLE = runs.RESUMABLE | {"steps", "epochs", "cache_dir"}
 
 
 # -----------------------------------------------------------------------------------------------
-# One step (§3): embed every span, NT-Xent between anchors and their positives, MLM on the anchors.
-# The step first, then what it is made of: one chunk's forward, the encoder over chunks, GradCache. The spans come
-# cut into chunks of similar length by support/chunks.py (Spans), each chunk's inputs worked out on the host.
+# One step (§3): embed every span, NT-Xent between anchors and their positives, MLM on the anchors, one backward.
+# The spans come cut into chunks of similar length (support/chunks.py: each chunk's ids, mask, real-token positions
+# and MLM targets), so that a 40-token positive never waits on a 500-token anchor; the encoder runs them all in one
+# forward (ChunkedEncoder, below), and what comes out is one embedding per span, as if the batch had run whole.
 
 
-def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
+def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=DISABLED) -> dict:
     """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `model` is
     ChunkedEncoder(encoder), under torchrun in the DDP that setup() builds (DDP averages the gradients)."""
-    # The step's spans on the device, in chunks of similar length
+    # The spans in chunks of similar length, each chunk's inputs on the device (support/chunks.py)
     spans = Spans(batch, cfg, unwrap(model).encoder)
-    # §3.3: MLM is a mean over the masked tokens of the whole global batch
-    scale = mlm_scale(spans.n_masked, world, spans.device)
+    # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step
+    mlm_weight = mlm_mean_weight(spans.n_masked, world, spans.device)
     if cfg.grad_cache:
-        return grad_cache_step(model, spans, scale, cfg, world, scaler)
-    # §3.1: every span's mean-pooled embedding and §3.3: the MLM loss of the anchors' masked tokens, all chunks
-    emb, mlm = model(spans, range(len(spans.chunks)), scale)
-    # Back from the chunks' length order to the batch's order: the anchors, then the P positives of each anchor
+        return grad_cache_step(model, spans, mlm_weight, cfg, world, scaler)
+    # §3.1: every span's mean-pooled embedding, and §3.3: each chunk's summed MLM loss of the anchors' masked tokens
+    with spans.autocast:
+        emb, mlm_sums = model(spans.chunks)  # (S, H) in the chunks' order, a scalar a chunk
+    # Back to the batch's order: the A·N anchors, then the P positives of each anchor in turn
     emb = emb[spans.unsort]
     # §3.2: NT-Xent between each anchor and the mean of its positives, every other span a negative
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
-    # §3.3: one objective, contrastive + MLM, one backward
-    scaled(contrastive + mlm, scaler).backward()
+    # §3.3: one objective, contrastive plus the MLM mean, one backward
+    mlm = sum(m * mlm_weight for m in mlm_sums)
+    scaler.scale(contrastive + mlm).backward()
     return step_stats(spans, contrastive, mlm, world)
 
 
@@ -133,19 +125,13 @@ def contrastive_loss(emb, n_anchors: int, cfg: TrainConfig):
     return nt_xent(anchors, positives.view(n_anchors, cfg.num_positives, -1), cfg.temperature)  # (M, d), (M, P, d)
 
 
-def mlm_scale(n_masked: int, world: int, device) -> torch.Tensor:
-    """What this rank's summed MLM loss is multiplied by: DDP averages gradients over ranks, so each rank's share is
-    its sum over the global count of masked tokens, times world. A tensor, so that --compile does not specialise on
-    it."""
+def mlm_mean_weight(n_masked: int, world: int, device) -> torch.Tensor:
+    """What this rank's summed MLM loss is multiplied by to make the global mean: 1 / the masked tokens of every
+    rank, times world, as DDP averages the gradients over ranks."""
     count = to_device(np.asarray(n_masked, dtype=np.float32), device)
     if world > 1:
         dist.all_reduce(count)
     return world / count.clamp(min=1)
-
-
-def scaled(loss, scaler):
-    """fp16: the loss times the scaler's scale, so that small gradients do not vanish in half precision."""
-    return loss if scaler is None else scaler.scale(loss)
 
 
 def step_stats(spans, contrastive, mlm, world: int) -> dict:
@@ -153,21 +139,21 @@ def step_stats(spans, contrastive, mlm, world: int) -> dict:
     rank) and MLM averaged over ranks."""
     mlm_log = mlm.detach() / world if spans.mlm else torch.zeros((), device=spans.device)
     if world > 1:
-        dist.all_reduce(mlm_log)  # the global mean, for the log
+        dist.all_reduce(mlm_log)
     return dict(tokens=int(spans.lengths.sum()), contrastive=contrastive.detach(), mlm=mlm_log)
 
 
-def chunk_forward(encoder, ids, mask, nonpad, mlm_at, mlm_targets, mlm_scale):
-    """One chunk of spans -> their embeddings (g, H) and this rank's share of the MLM loss of the anchors among them.
+def chunk_forward(encoder, ids, mask, positions, mlm_at, mlm_targets):
+    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
     What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask, nonpad=nonpad)  # (g, T, H)
+    h = encoder(ids, mask, positions)  # (g, T, H)
     # §3.1: a span's embedding is the mean of its token states
     emb = mean_pool(h, mask).float()  # (g, H)
     if mlm_at is None:
         return emb, emb.new_zeros(())
     # §3.3: the MLM head on the K masked tokens only, from the same forward pass
     logits = encoder.mlm_logits(h.flatten(0, 1)[mlm_at])  # (K, V)
-    return emb, F.cross_entropy(logits.float(), mlm_targets, reduction="sum") * mlm_scale
+    return emb, F.cross_entropy(logits.float(), mlm_targets, reduction="sum")
 
 
 class ChunkedEncoder(nn.Module):
@@ -179,44 +165,41 @@ class ChunkedEncoder(nn.Module):
         self.encoder = encoder
         self.chunk_forward = torch.compile(chunk_forward, dynamic=True) if compile else chunk_forward
 
-    def chunk(self, spans: "Spans", k: int, mlm_scale, with_mlm: bool = True):
-        with spans.autocast:
-            return self.chunk_forward(self.encoder, *spans.chunk(k, with_mlm), mlm_scale)
-
-    def forward(self, spans: "Spans", chunks, mlm_scale):
-        outs = [self.chunk(spans, k, mlm_scale) for k in chunks]
-        return torch.cat([e for e, _ in outs]), sum(m for _, m in outs)  # (n, d) in the chunks' order, MLM
+    def forward(self, chunks):
+        outs = [self.chunk_forward(self.encoder, *chunk) for chunk in chunks]
+        return torch.cat([e for e, _ in outs]), [m for _, m in outs]  # (S, H) in the chunks' order, MLM sums
 
 
-def unwrap(model) -> ChunkedEncoder:
-    """The ChunkedEncoder itself, also from inside setup()'s DDP(ChunkedEncoder(encoder))."""
+def unwrap(model) -> ChunkedEncoder:  # the ChunkedEncoder itself, also from inside setup()'s DDP
     return model.module if isinstance(model, DDP) else model
 
 
-def grad_cache_step(model, spans: Spans, scale, cfg: TrainConfig, world: int = 1, scaler=None) -> dict:
+def grad_cache_step(model, spans: Spans, mlm_weight, cfg: TrainConfig, world: int = 1, scaler=DISABLED) -> dict:
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
     states, embs = [], []
-    with torch.no_grad():
-        for k in range(len(spans.chunks)):
+    with torch.no_grad(), spans.autocast:
+        for chunk in spans.chunks:
             states.append(rng_state(spans.device))
-            embs.append(unwrap(model).chunk(spans, k, scale, with_mlm=False)[0])
+            embs.append(unwrap(model).chunk_forward(unwrap(model).encoder, *chunk._replace(mlm_at=None))[0])
     # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
     emb = torch.cat(embs)[spans.unsort].requires_grad_()
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
     grad = torch.autograd.grad(contrastive, emb)[0] if cfg.contrastive else torch.zeros_like(emb)
     grad = grad[spans.order]
-    starts = np.cumsum([0] + [len(g) for g in spans.groups])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
+    starts = np.cumsum([0] + [len(rows) for rows in spans.rows])  # chunk k's rows of `grad`: starts[k]:starts[k + 1]
     # 3. Each chunk again with a graph and the same dropout masks, backpropagating its cached gradient (and MLM):
     # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
     # only, where every parameter must take part: a chunk with anchors (and so the MLM head) goes last.
-    order = sorted(range(len(spans.groups)), key=lambda k: bool((spans.groups[k] < spans.n_anchors).any()))
+    order = sorted(range(len(spans.rows)), key=lambda k: bool((spans.rows[k] < spans.n_anchors).any()))
     mlm = torch.zeros((), device=spans.device)
     for i, k in enumerate(order):
         set_rng_state(states[k], spans.device)
         with accumulate_locally(model, i < len(order) - 1):
-            e, m = model(spans, [k], scale)
-            scaled((e * grad[starts[k]:starts[k + 1]]).sum() + m, scaler).backward()
+            with spans.autocast:
+                e, (m,) = model([spans.chunks[k]])
+            m = m * mlm_weight
+            scaler.scale((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
         mlm = mlm + m.detach()
     return step_stats(spans, contrastive, mlm, world)
 
@@ -244,14 +227,6 @@ def make_optimizer(encoder, cfg: TrainConfig, fused: bool):
     return torch.optim.AdamW(groups, lr=cfg.lr, eps=1e-6, fused=fused or None)
 
 
-def load_optimizer(opt, saved: dict):
-    """A stored optimizer state, run the way this device wants it: fused AdamW on a GPU even when the run began on a
-    CPU, and the other way round (load_state_dict alone would bring back the stored `fused`)."""
-    groups = [{**stored, "fused": ours["fused"], "foreach": ours["foreach"]}
-              for stored, ours in zip(saved["param_groups"], opt.param_groups, strict=True)]
-    opt.load_state_dict({**saved, "param_groups": groups})
-
-
 def optimizer_step(opt, scaler, encoder, max_norm: float) -> torch.Tensor:
     """Clip the gradient to max_norm and step; returns its norm, on the device. fp16: the loss scale comes out
     first, and a step whose gradient overflowed is skipped, with a smaller scale for the next."""
@@ -273,11 +248,13 @@ class Run:
     cfg: TrainConfig
     out: Path
     model: nn.Module  # what train_step runs: ChunkedEncoder(encoder) (compiled with --compile), in DDP under torchrun
+    encoder: nn.Module  # the model.Encoder inside it, which checkpoints save
     tok: object
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16's loss scale; disabled (a no-op) in every other precision
     batches: sampler.SpanBatches
-    proc: Process = field(default_factory=lambda: Process(0, 0, 1, torch.device("cpu")))
+    total: int  # the run's steps
+    proc: Process = field(default_factory=lambda: Process(0, 0, 1, torch.device("cpu")))  # rank, world, device
     step: int = 0
     best: float = -1.0
     latest_checkpoint: Path | None = None  # the newest checkpoint
@@ -285,26 +262,27 @@ class Run:
     loader: object = None  # the batches' iterator, while the loop runs
     stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
 
-    encoder = property(lambda self: unwrap(self.model).encoder)
-    rank = property(lambda self: self.proc.rank)
-    world = property(lambda self: self.proc.world)
-    device = property(lambda self: self.proc.device)
-    total = property(lambda self: self.cfg.steps or self.cfg.epochs * self.batches.steps_per_epoch)
+    def close(self):
+        """However the run ends: the loader's workers ended now, and DDP, which holds the process group, let go of."""
+        if self.loader is not None:
+            self.loader.close()
+        self.model = self.loader = None
 
 
 def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
-    cfg, log, run.stop.training = run.cfg, runs.Log(run), True
+    cfg, log, run.stop.training = run.cfg, runs.Log(run, run.cfg.log_every), True
+    rank, world = run.proc.rank, run.proc.world
     run.loader = sampler.make_loader(run.batches, run.step, run.total, cfg.workers)  # lifetime() closes it
     for batch in run.loader:
         # The slanted triangular schedule sets this step's learning rate
         for g in run.opt.param_groups:
             g["lr"] = lr_at(run.step, run.total, cfg)
         # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
-        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.rank, run.step]).generate_state(1)[0]))
+        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rank, run.step]).generate_state(1)[0]))
         with stopping.failures_are_one_line(run):
             # Forward and backward of this rank's documents
-            stats = train_step(run.model, batch, cfg, run.world, run.scaler)
+            stats = train_step(run.model, batch, cfg, world, run.scaler)
             # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
             gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
             # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
@@ -315,15 +293,15 @@ def train(run: Run):
                                                      for x in numbers]).tolist()
         stopping.check_finite(run, contrastive + mlm)
         run.step += 1
-        rec = log.record(contrastive, mlm, gnorm, stats["tokens"] * run.world)
+        rec = log.record(run.opt.param_groups[0]["lr"], contrastive, mlm, gnorm, stats["tokens"] * world)
         if run.evaluate and ((cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == run.total):
             score_and_keep_best(run, rec)
-        if run.rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
+        if rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
             log.write(rec)
         if run.step % cfg.ckpt_every == 0 or run.step == run.total or stop:
-            if run.rank == 0:
+            if rank == 0:
                 save_checkpoint(run)
-            if run.world > 1:
+            if world > 1:
                 dist.barrier()
             run.latest_checkpoint = runs.step_folder(run.out, run.step)  # each machine's last line names it
         if stop and run.step < run.total:
@@ -335,9 +313,9 @@ def train(run: Run):
 def score_and_keep_best(run: Run, rec: dict):
     """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
     run.encoder.eval()
-    rec["stsb_dev_spearman"] = run.evaluate() if run.rank == 0 else None
+    rec["stsb_dev_spearman"] = run.evaluate() if run.proc.rank == 0 else None
     run.encoder.train()
-    if run.rank == 0 and rec["stsb_dev_spearman"] > run.best:
+    if run.proc.rank == 0 and rec["stsb_dev_spearman"] > run.best:
         run.best = rec["stsb_dev_spearman"]
         save_pretrained(run.encoder, run.tok, run.out / "best")
 
@@ -345,7 +323,7 @@ def score_and_keep_best(run: Run, rec: dict):
 def save_checkpoint(run: Run) -> Path:
     """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout, and train_state.pt (optimizer, step, config)."""
     state = {"optimizer": run.opt.state_dict(), "step": run.step, "config": asdict(run.cfg), "best": run.best,
-             "processes": runs.layout(run.world)}
+             "processes": runs.layout(run.proc.world)}
     if run.scaler.is_enabled():
         state["scaler"] = run.scaler.state_dict()
     return runs.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
@@ -364,10 +342,10 @@ def main(argv=None):
         life.run = run = setup(cfg, given_fields(TrainConfig, argv), processes())
         run.stop = life.stop
         train(run)
-        if run.rank == 0:  # the final model in out/model, and what to do with it
+        if run.proc.rank == 0:  # the final model in out/model, and what to do with it
             save_pretrained(run.encoder, run.tok, run.out / "model")
             runs.say_done(run.out, run.best)
-        if run.world > 1:
+        if run.proc.world > 1:
             dist.barrier()  # no rank tears its connections down while another still uses them
 
 
@@ -376,7 +354,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     that may take long (a tokenizer, the corpus) is ready before the process group exists, whose collectives may wait
     only --ddp-timeout seconds."""
     if not cfg.data and not cfg.resume:
-        cfg = demo_config(cfg, given, proc)
+        cfg = demo.demo_config(cfg, given, proc)
     cfg, out, resume_from = runs.run_folder(cfg, given, proc, lambda path: load_pretrained(str(path), quiet=True),
                                             RESUMABLE)
     cfg = replace(cfg, threads=runs.run_threads(cfg, "threads" in given, resume_from, proc))  # stored with the run
@@ -391,32 +369,20 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     opt = make_optimizer(encoder, cfg, fused=proc.device.type == "cuda")
     scaler = torch.amp.GradScaler(proc.device.type, enabled=autocast_dtype(cfg.dtype, proc.device) == torch.float16)
     model = ChunkedEncoder(encoder, compile=cfg.compile)
-    run = Run(cfg, out, model, tok, opt, scaler, batches, proc)
+    total = cfg.steps or cfg.epochs * batches.steps_per_epoch
+    run = Run(cfg, out, model, encoder, tok, opt, scaler, batches, total, proc)
     runs.check_length(run.total, batches.steps_per_epoch, cfg, resume_from, MAX_STEPS)
     runs.begin(proc, out, resume_from, cfg.ddp_timeout)
     if proc.world > 1:
-        run.model = data_parallel(model, proc.device, cfg)
-    if resume_from:
-        load_optimizer(opt, resume_from.state["optimizer"])
-        if scaler.is_enabled() and "scaler" in resume_from.state:
-            scaler.load_state_dict(resume_from.state["scaler"])
-        run.step, run.best = resume_from.step, resume_from.state.get("best", -1.0)
-        run.latest_checkpoint = resume_from.path
-        say(f"resuming at step {run.step} from {run.latest_checkpoint}")
+        run.model = data_parallel(model, proc.device, find_unused=not cfg.mlm)  # no MLM: its head is unused
+    if resume_from:  # the optimizer, the loss scale, the step and the best score, as the checkpoint has them
+        run.step, run.best, run.latest_checkpoint = runs.restore(resume_from, opt, scaler)
         runs.say_replanned(resume_from, run.total, batches.steps_per_epoch, lambda s, t: lr_at(s, t, cfg))
     if pairs:  # scored as embed.py would embed on this device (its --dtype auto)
         run.evaluate = functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs,
                                          dtype=autocast_dtype("auto", proc.device, cpu_bf16=True))
-    say(f"training {cfg.model} on {proc.world} process(es), {proc.device.type}: {run.total} steps of "
-        f"{cfg.docs_per_step} documents, {run.total / batches.steps_per_epoch:.1f} passes over its "
-        f"{len(batches.docs):,} documents")
+    runs.say_plan(cfg, proc, run.total, batches.steps_per_epoch, len(batches.docs))
     return run
-
-
-def data_parallel(model: ChunkedEncoder, device: torch.device, cfg: TrainConfig) -> DDP:
-    """DDP(ChunkedEncoder): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the
-    CPU; the MLM head is unused under --no-mlm."""
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=not cfg.mlm)
 
 
 def build_model(cfg: TrainConfig, proc: Process):
@@ -428,18 +394,6 @@ def build_model(cfg: TrainConfig, proc: Process):
         shape, document_texts(cfg.data, clean=not cfg.keep_whitespace), quiet=False).to_str())
     tok = Tokenizer.from_str(bpe)
     return scratch_encoder(shape, tok.get_vocab_size(), cfg.seed), tok
-
-
-# `python train.py` with no data: a demo that needs nothing but Python. These replace the flags not given.
-DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
-            ckpt_every=200)
-
-
-def demo_config(cfg: TrainConfig, given: set, proc: Process) -> TrainConfig:
-    cfg = replace(cfg, **{k: v for k, v in DEMO.items() if k not in given})  # --lr 5e-5 is 5e-5, the default or not
-    folder = made_once(proc, "demo-corpus", lambda: str(demo_corpus(cfg.cache_dir)), per_machine=True)
-    say(f"no --data: the demo, {cfg.model} on Python's own documentation ({folder})")
-    return replace(cfg, data=[folder])
 
 
 if __name__ == "__main__":

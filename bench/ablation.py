@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
-from support import corpus  # noqa: E402
+from support import corpus, sts_files  # noqa: E402
 from support.files import write_atomic  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
@@ -233,7 +233,7 @@ def sick_scores(a, models: dict[str, Path]) -> dict[str, float]:
     """SICK-R (the shared trial split, 500 pairs) Spearman of each model; none where the file is not there."""
     if not Path(a.sick).exists():
         return {}
-    pairs = E.read_sick(Path(a.sick), "dev")
+    pairs = sts_files.read_sick(Path(a.sick), "dev")
     return {run: E.spearman_of(*M.load_pretrained(str(model), quiet=True), pairs) for run, model in models.items()}
 
 

@@ -30,7 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from evaluate_sts import read_stsb, spearman  # noqa: E402
+from evaluate_sts import spearman  # noqa: E402
+from support.sts_files import read_stsb  # noqa: E402
 
 
 def measured(cmd, busy: bool = False) -> tuple[float, float]:

@@ -59,8 +59,8 @@ import loss  # noqa: E402
 import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
-from support import chunks, corpus, processes  # noqa: E402
-from support.device import compiled_graphs  # noqa: E402
+from support import chunks, corpus, demo, processes  # noqa: E402
+from support.device import compiled_graphs, device_and_dtype  # noqa: E402
 from support.hub import train_tokenizer  # noqa: E402
 
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
@@ -136,7 +136,7 @@ def documents(folder: Path, n: int) -> Path:
         for b in books:
             (folder / b.name).write_bytes(b.read_bytes())
         return folder
-    text = "\n\n".join(p.read_text() for p in sorted(corpus.demo_corpus("").glob("*.txt")))
+    text = "\n\n".join(p.read_text() for p in sorted(demo.demo_corpus("").glob("*.txt")))
     size = len(text) // n
     for i in range(n):
         (folder / f"{i}.txt").write_text(text[i * size:(i + 1) * size])
@@ -296,7 +296,7 @@ def ddp(check: Check):
                 ref = step(check, enc, batch, grad_cache=grad_cache_on, **same)
                 enc.zero_grad(set_to_none=True)
                 cfg = check.config(grad_cache=grad_cache_on, **same)
-                chunks = train.data_parallel(train.ChunkedEncoder(enc), proc.device, cfg)
+                chunks = processes.data_parallel(train.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
                 train.train_step(chunks, batch, cfg, world=1)
                 check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                      worst_relative(grads(enc), ref["grads"])})
@@ -420,7 +420,7 @@ def embedding(check: Check):
     texts = pairs[0] + pairs[1]
     cpu = evaluate_sts.spearman_of(enc.cpu(), tok, pairs)  # fp32
     enc.to(check.dev)
-    _, dtype = embed.device_and_dtype(str(check.dev), "auto")
+    _, dtype = device_and_dtype(str(check.dev), "auto")
     with exact_fp32():  # embed.py's fp32 is fp32 (train.py, run in e, turned TF32 on for this process)
         fp32 = evaluate_sts.spearman_of(enc, tok, pairs)
         e32 = embed.encode(texts, enc, tok)
@@ -446,8 +446,8 @@ def packed_attention(check: Check):
     varlen_attn has none). Adopted only if faster with the same gradient; this section only measures."""
     from torch.nn.attention.varlen import varlen_attn
 
-    def packed_forward(self, x, mask, nonpad, B, T):
-        H = x.shape[-1]
+    def packed_forward(self, x, packing):
+        B, T, H, mask = packing.B, packing.T, x.shape[-1], packing.keys
         lengths = mask.view(B, T).sum(1) if mask is not None else torch.full((B,), T, device=x.device)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()
         q, k, v = self.qkv(x).view(-1, 3, self.n_head, H // self.n_head).unbind(1)  # 3 x (N, nh, hd)

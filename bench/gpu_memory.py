@@ -90,10 +90,9 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
         chunks.length_groups = groups
     heads = encoder.config.num_attention_heads
     per_chunk = []
-    for k in range(len(spans.groups)):
-        ids, mask, nonpad, mlm_at, targets = spans.chunk(k)
-        with SavedBytes(ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
-            train.chunk_forward(encoder, ids, mask, nonpad, mlm_at, targets, train.mlm_scale(spans.n_masked, 1, "cpu"))
+    for chunk in spans.chunks:
+        with SavedBytes(chunk.ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
+            train.chunk_forward(encoder, *chunk)
         per_chunk.append((sum(saved.storages.values()), saved.largest))
     if grad_cache:
         return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)

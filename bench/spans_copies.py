@@ -1,6 +1,7 @@
 """
-bench/spans_copies.py: how long `train.Spans` takes to work out a step's chunks on the host, in two trees side by
-side (before and after a change to it): 16-document batches of the paper's span lengths, a tiny encoder, the CPU.
+bench/spans_copies.py: how long support/chunks.py's `Spans` (train.Spans, as train.py imports it) takes to work out
+a step's chunks on the host, in two trees side by side (before and after a change to it): 16-document batches of
+the paper's span lengths, a tiny encoder, the CPU.
 
     git worktree add /tmp/old 848ebc5 && python bench/spans_copies.py /tmp/old .
 """

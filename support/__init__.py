@@ -4,12 +4,15 @@ support: the machinery a reader does not need to learn DeCLUTR, one concern a mo
 
     cli.py      the one-line user error, flags from config dataclasses, printing, progress lines
     files.py    atomic writes, JSON, the cache folder, the files under a folder, what a path is
-    corpus.py   the user's documents read and tokenised once into a memmap; the demo's documents
+    corpus.py   the user's documents read and tokenised once into a memmap
+    demo.py     `python train.py` with no --data: its settings and Python's own documentation
     device.py   batches onto the device, precision, CPU threads, random state, compiled graphs
     chunks.py   a step's spans cut into chunks of similar length, each chunk's inputs on the device
     processes.py  torchrun's processes: where each is, what rank 0 makes once for all
-    runs.py     the run folder, its lock, log and checkpoints, where a run starts, what a resume may change
+    runs.py     train.py's run flags; the run folder, its lock, log and checkpoints, where a run starts, resuming
     stopping.py how a run stops: Ctrl-C, SIGTERM, out of memory, a rank gone, each in one line
     workers.py  DataLoader workers that can neither outlive the run nor keep it from ending
     hub.py      Hugging Face files: downloads, tokenizers, config.json, safetensors
+    embedding.py  embed.py's inputs read in blocks and rows written, progress, a CPU's bf16 batch shapes
+    sts_files.py  the STS tasks' files in their original layouts, the STS Benchmark's download, the table
 """

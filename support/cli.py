@@ -6,7 +6,6 @@ ranges checked before any work, and progress lines for the long phases.
 import argparse
 import contextlib
 import functools
-import inspect
 import math
 import os
 import re
@@ -54,16 +53,14 @@ def say(*args, every_rank: bool = False, every_machine: bool = False, **kwargs):
 
 
 # -----------------------------------------------------------------------------------------------
-# Flags: one per config field, its comment as help, its range checked before any work
+# Flags: one per config field, its help and range given by flag(), its range checked before any work
 
 
-def bounded(default, low=None, high=None, strict: bool = False):
-    """A config field whose value must lie in [low, high] ((low, high) when strict); either end may be open."""
-    return field(default=default, metadata={"low": low, "high": high, "strict": strict})
-
-
-def choice(default: str, *choices: str):
-    return field(default=default, metadata={"choices": [default, *choices]})
+def flag(default, help: str, low=None, high=None, strict: bool = False, choices=None):
+    """A config field and its flag: the default (`list`: an empty list), the flag's help, and the range its value must
+    lie in ([low, high], or (low, high) when strict; either end may be open) or the choices it must be one of."""
+    meta = {"help": help, "low": low, "high": high, "strict": strict} | ({"choices": list(choices)} if choices else {})
+    return field(default_factory=list, metadata=meta) if default is list else field(default=default, metadata=meta)
 
 
 def first_line(e: BaseException) -> str:
@@ -78,9 +75,28 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(message, code=2)
 
 
+def model_commands(doc: str, shapes: list) -> argparse.ArgumentParser:
+    """model.py's sub-commands: info, convert, scratch."""
+    ap = OneLineParser(prog="model.py", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
+    cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
+    cv.add_argument("model", help="local directory, or hub id whose repo ships only pytorch_model.bin")
+    cv.add_argument("--out", help="output directory (default: the model's own directory)")
+    sc = sub.add_parser("scratch", help="random init of a named shape, BPE tokenizer trained on --corpus",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sc.add_argument("--shape", default="tiny", choices=shapes, help="named random-init shape")
+    sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
+    sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
+    sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
+    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    return ap
+
+
 def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     """A config dataclass from the command line: one flag per field (or a positional list for the fields named in
-    `positional`), the field's comment as its help, every default shown by --help. Ranges and choices are checked
+    `positional`), its help from flag(), every default shown by --help. Ranges and choices are checked
     here, then the class's own validate(), so that a bad value stops the run before any work."""
     ap, lists = config_parser(cls, doc, positional)
     cfg = cls(**{k: [] if k in lists and v is None else v for k, v in vars(ap.parse_args(argv)).items()})
@@ -98,18 +114,17 @@ def given_fields(cls, argv=None) -> set[str]:
 
 
 def config_parser(cls, doc: str = "", positional: tuple = (), suppress: bool = False):
-    """(the parser of cls's flags, the names of its list fields). A field's help is the comment on its line in the
-    class's source (`lr: float = 5e-5  # the help`), a subclass's over its base's."""
-    notes = {}
-    for klass in reversed([k for k in cls.__mro__ if k is not object]):
-        notes.update(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(klass), re.M))
+    """(the parser of cls's flags, the names of its list fields). A field's help is its metadata's (flag()); --help
+    lists a class's own fields before those it inherits."""
     ap, lists = OneLineParser(description=doc, allow_abbrev=False), set()
-    for f in fields(cls):
+    depth = {name: i for i, k in reversed(list(enumerate(cls.__mro__))) for name in getattr(k, "__annotations__", {})}
+    for f in sorted(fields(cls), key=lambda f: depth[f.name]):
+        help_ = f.metadata.get("help", "")
         if f.name in positional:
-            ap.add_argument(f.name, nargs="+", help=notes.get(f.name, ""))
+            ap.add_argument(f.name, nargs="+", help=help_)
             continue
         default = f.default if f.default is not MISSING else f.default_factory()
-        kw = dict(default=default, help=(notes.get(f.name, "") + " (default: %(default)s)").strip())
+        kw = dict(default=default, help=(help_ + " (default: %(default)s)").strip())
         if f.type is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(default, list):  # --data a b, or --model a --model b

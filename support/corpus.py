@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from support.cli import Progress, UserError, say
-from support.files import cache_dir, files_under, remove_stale_temporaries, writable_cache, write_atomic
+from support.files import files_under, remove_stale_temporaries, writable_cache, write_atomic
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 
@@ -231,63 +231,3 @@ def _batches(texts, max_chars: int):
             batch, chars = [], 0
     if batch:
         yield batch
-
-
-def check_usable(corpus: Corpus, cfg, floor: int, usable: int, steps: int, world: int, max_span: int,
-                 max_tokens: int, paper_max_span: int):
-    """One line for documents the sampler cannot use (none, none long enough, too few for a step), or what it uses;
-    a --max-span lowered to fit the model's positions is said, unless it is the paper's (its 512 counts the span
-    inside <s> ... </s>)."""
-    if max_span < cfg.max_span != paper_max_span:
-        say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
-            f"using {max_span}", file=sys.stderr)
-    if len(corpus) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
-        raise UserError(f"no documents in the data: {corpus.meta['summary']}")
-    if usable == 0:
-        raise UserError(f"no document has the {floor:,} tokens that {cfg.num_anchors} anchors need (2·A·l_max); the "
-                        f"longest has {int(corpus.lengths.max(initial=0)):,}. Lower --max-span or pass "
-                        f"--scale-short-docs")
-    if cfg.docs_per_step // world == 0 or steps == 0:
-        raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
-                        f"{world} ranks")
-    say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {floor:,} tokens; "
-        f"{steps:,} steps per epoch", file=sys.stderr)
-
-
-# -----------------------------------------------------------------------------------------------
-# The demo's documents
-
-
-def demo_corpus(cache: str) -> Path:
-    """Text that every Python installation carries, one document per file: the language reference's help
-    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
-    import ast
-    import sysconfig
-    from pydoc_data.topics import topics
-
-    root = cache_dir(cache) / "demo-corpus"
-    if root.exists():
-        return root
-    progress = Progress("demo", f"collecting Python's help topics and docstrings into {root}")
-    docs = {f"topic-{k}": v for k, v in topics.items()}
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
-            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
-
-    def write(folder: Path):
-        folder.mkdir(parents=True)
-        for name, text in docs.items():
-            if len(text) > 2000:
-                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
-
-    writable_cache(cache)
-    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
-    progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
-    return root

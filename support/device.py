@@ -6,13 +6,14 @@ device without waiting, the next item prepared while this one runs, the device a
 import concurrent.futures
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from support.cli import UserError, bounded, choice, say
+from support.cli import UserError, flag, say
 
 
 def padding_mask(lengths, T: int) -> np.ndarray:
@@ -61,15 +62,11 @@ def prefetched(items, work):
 
 
 @dataclass
-class Precision:  # train.py's --dtype
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it
-
-
-@dataclass
 class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
-    dtype: str = choice("auto", "fp32", "bf16", "fp16")  # auto: bf16 if the GPU/CPU has it; else GPU fp16, CPU fp32
-    device: str = "auto"  # auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...
-    threads: int = bounded(0, 0)  # torch CPU threads; 0: the cores free when it starts (as train.py's)
+    dtype: str = flag("auto", "auto: bf16 if the GPU/CPU has it; else GPU fp16, CPU fp32",
+                      choices=("auto", "fp32", "bf16", "fp16"))
+    device: str = flag("auto", "auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...")
+    threads: int = flag(0, "torch CPU threads; 0: the cores free when it starts (as train.py's)", low=0)
 
 
 def cpu_has_bf16() -> bool:
@@ -94,6 +91,19 @@ def autocast(dtype, device: torch.device):
     if dtype in (None, torch.float32):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+def device_and_dtype(device: str, dtype: str):
+    """--device and --dtype, for embed.py and evaluate_sts.py alike: an STS score is the score of the embeddings that
+    embed.py writes. auto: bf16 on a GPU that has it, else fp16; bf16 on a CPU that multiplies it in hardware (AMX or
+    AVX512-BF16: 2-3x fp32's speed, cosine to fp32 above 0.9999), else fp32."""
+    device = pick_device(device)
+    if dtype == "fp16" and device.type == "cpu":
+        raise UserError("--dtype fp16 is for GPUs; on a CPU embeddings are computed in bf16 or fp32")
+    if dtype == "bf16" and device.type == "cpu" and not cpu_has_bf16():
+        say("warning: --dtype bf16: this CPU has neither AMX nor AVX512-BF16, so bf16 is emulated, about 400x slower "
+            "than fp32 in matrix products; --dtype auto picks fp32 here", file=sys.stderr)
+    return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
 def pick_device(name: str) -> torch.device:

@@ -140,3 +140,12 @@ def path_kind(path: Path) -> str:
     kinds = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "pipe"),
              (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
     return next((name for test, name in kinds if test(mode)), "special file")
+
+
+def check_out_folder(out: Path, overwrite: bool) -> Path:
+    """A folder to write a model into: not a file, and not holding files already unless --overwrite."""
+    if out.exists() and not out.is_dir():  # as train.py says it of its --out
+        raise UserError(f"--out {out}: is a file, not a folder", code=2)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"--out {out}: holds files already; pass --overwrite to replace them")
+    return out

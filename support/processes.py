@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from support.cli import UserError, first_line
 from support.corpus import Corpus, prepare_corpus
@@ -107,3 +108,8 @@ def corpus_for_run(cfg, tok, proc: Process) -> Corpus:
     clean = not cfg.keep_whitespace
     return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(cfg.data, tok, cfg.cache_dir,
                                                                             clean=clean).dir), per_machine=True)))
+
+
+def data_parallel(model, device: torch.device, find_unused: bool):
+    """DDP(model): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the CPU."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=find_unused)

@@ -26,9 +26,34 @@ from pathlib import Path
 
 import torch
 
-from support.cli import UserError, first_line, say
+from support.cli import UserError, first_line, flag, say
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
+
+
+@dataclass
+class RunConfig:  # train.py's flags for the run around the method: its folder, logs, checkpoints and processes
+    out: str = flag("", "checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)")
+    resume: bool = flag(False, "continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured")
+    any_world_size: bool = flag(False, "--resume on other processes than the run had (every later step then differs)")
+    overwrite: bool = flag(False, "start afresh in an out that holds an earlier run")
+    log_every: int = flag(10, "steps between log lines (metrics.jsonl has every step)", low=1)
+    eval_data: str = flag("", "STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best")
+    eval_every: int = flag(0, "steps between evaluations (0: only at the end)", low=0)
+    ckpt_every: int = flag(500, "steps between checkpoints", low=1)
+    keep_ckpts: int = flag(2, "the newest checkpoints kept", low=1)
+    workers: int = flag(2, "DataLoader worker processes per rank", low=0)
+    threads: int = flag(0, "torch CPU threads per rank; 0: its share of the cores free when it starts", low=0)
+    ddp_timeout: int = flag(1800, "seconds a collective waits for the other ranks before the job stops",
+                            low=1, high=604800)
+
+    def validate(self):
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
+
+
+RESUMABLE = {f.name for f in fields(RunConfig)} - {"overwrite"}  # --resume takes these from the command line
+
 
 # -----------------------------------------------------------------------------------------------
 # The run folder: its lock, its checkpoints, and what a new or resumed run does to it
@@ -155,15 +180,15 @@ class Log:
 
     RECENT = 20
 
-    def __init__(self, run):
-        self.run, self.t0 = run, time.time()
+    def __init__(self, run, log_every: int):
+        self.run, self.every, self.t0 = run, log_every, time.time()
         self.clock = collections.deque([(self.t0, 0)], maxlen=self.RECENT + 1)  # (time, tokens) after recent steps
 
-    def record(self, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
+    def record(self, lr: float, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
         self.clock.append((time.time(), self.clock[-1][1] + tokens))
         (t_old, n_old), (t_new, n_new) = self.clock[0], self.clock[-1]
         return dict(step=self.run.step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
-                    lr=self.run.opt.param_groups[0]["lr"],
+                    lr=lr,
                     grad_norm=round(gnorm, 4) if math.isfinite(gnorm) else None,  # fp16: a skipped step's is inf
                     tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
 
@@ -175,7 +200,7 @@ class Log:
         except OSError as e:  # a full disk, or an --out moved or deleted while the run trains
             raise UserError(f"{run.out / 'metrics.jsonl'}: cannot write ({e.strerror or e}); was --out moved or "
                             f"deleted while the run trained? last checkpoint: {last_checkpoint(run)}") from None
-        if run.step % run.cfg.log_every == 0 or run.step == run.total:
+        if run.step % self.every == 0 or run.step == run.total:
             (t_old, _), (t_new, _) = self.clock[0], self.clock[-1]
             eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - run.step)
             sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
@@ -368,3 +393,25 @@ def resume_command(out: Path, world: int, machines: int) -> str:
     if machines == 1:
         return f"torchrun --nproc_per_node={world} {flags}"
     return f"the torchrun command the run was started with, on each of its {machines} machines, for {flags}"
+
+
+def load_optimizer(opt, saved: dict):
+    """A stored optimizer state, run the way this device wants it: fused AdamW on a GPU even when the run began on a
+    CPU, and the other way round (load_state_dict alone would bring back the stored `fused`)."""
+    groups = [{**stored, "fused": ours["fused"], "foreach": ours["foreach"]}
+              for stored, ours in zip(saved["param_groups"], opt.param_groups, strict=True)]
+    opt.load_state_dict({**saved, "param_groups": groups})
+
+
+def restore(resume_from: Resume, opt, scaler) -> tuple[int, float, Path]:
+    """The checkpoint's optimizer and loss scale loaded; (its step, its best score, its folder)."""
+    load_optimizer(opt, resume_from.state["optimizer"])
+    if scaler.is_enabled() and "scaler" in resume_from.state:
+        scaler.load_state_dict(resume_from.state["scaler"])
+    say(f"resuming at step {resume_from.step} from {resume_from.path}")
+    return resume_from.step, resume_from.state.get("best", -1.0), resume_from.path
+
+
+def say_plan(cfg, proc: Process, total: int, steps_per_epoch: int, documents: int):
+    say(f"training {cfg.model} on {proc.world} process(es), {proc.device.type}: {total} steps of "
+        f"{cfg.docs_per_step} documents, {total / steps_per_epoch:.1f} passes over its {documents:,} documents")

@@ -48,15 +48,13 @@ def lifetime():
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
         raise stopped(life.run, isinstance(e, Terminated)) from None
     finally:
-        if life.run is not None and life.run.loader is not None:  # the workers ended now, in a bounded time
-            life.run.loader.close()
+        if life.run is not None:  # its workers ended now, in a bounded time, and DDP let go of (below)
+            life.run.close()
         if handled:  # torchrun's SIGTERM to the others when one rank fails must not end this one before its line
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         release_run_folders()
         if dist.is_initialized():
-            if life.run is not None:  # DDP holds the process group: freed at exit, after Python's teardown, it aborts
-                life.run.model = None
-                gc.collect()
+            gc.collect()  # the DDP that run.close() let go of, which holds the process group (freed at exit, it aborts)
             dist.destroy_process_group()
         if handled:
             signal.signal(signal.SIGTERM, previous)
@@ -68,7 +66,7 @@ def stopped(run, sigterm: bool) -> UserError:
     what, code = ("terminated (SIGTERM)", 143) if sigterm else ("interrupted", 130)
     if run is None:
         return UserError(f"{what} before training began", code)
-    go_on = resume_command(run.out, **layout(run.world))
+    go_on = resume_command(run.out, **layout(run.proc.world))
     hint = f" (continue with: {go_on})" if run.latest_checkpoint else ""
     return UserError(f"{what} after step {run.step}; last checkpoint: {last_checkpoint(run)}{hint}", code)
 
@@ -84,14 +82,15 @@ def failures_are_one_line(run):
         cfg = run.cfg
         fix = f"--chunk-tokens {max(512, cfg.chunk_tokens // 4)}" if cfg.grad_cache else \
             "--grad-cache --chunk-tokens 4096"
-        raise UserError(f"out of memory on {run.device} in step {run.step + 1} ({cfg.docs_per_step // run.world} "
-                        f"documents on this rank): pass {fix} (the same gradient, less memory), or give each GPU fewer "
+        per_rank = cfg.docs_per_step // run.proc.world
+        raise UserError(f"out of memory on {run.proc.device} in step {run.step + 1} ({per_rank} documents on this "
+                        f"rank): pass {fix} (the same gradient, less memory), or give each GPU fewer "
                         f"documents (more GPUs, or a smaller --docs-per-step); last checkpoint: "
                         f"{last_checkpoint(run)}", alone=True) from None
     except RuntimeError as e:  # NCCL's errors are DistErrors; gloo's plain RuntimeErrors that name gloo's source
-        if run.world == 1 or not (isinstance(e, dist.DistError) or "gloo" in str(e)):
+        if run.proc.world == 1 or not (isinstance(e, dist.DistError) or "gloo" in str(e)):
             raise
-        raise UserError(f"rank {run.rank}: another rank stopped during step {run.step + 1} ({first_line(e)}); "
+        raise UserError(f"rank {run.proc.rank}: another rank stopped during step {run.step + 1} ({first_line(e)}); "
                         f"last checkpoint: {last_checkpoint(run)}", alone=True) from None
 
 
@@ -103,6 +102,6 @@ def check_finite(run, loss: float):
 def agreed_stop(run, device) -> torch.Tensor:
     """1 where any rank was sent SIGTERM during this step, on every rank: all of them stop after the same step."""
     stop = torch.full((), float(run.stop.asked), device=device)
-    if run.world > 1:
+    if run.proc.world > 1:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     return stop

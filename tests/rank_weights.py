@@ -15,7 +15,7 @@ loop = train.train
 def train_and_keep(run):
     loop(run)
     state = {"step": run.step, "weights": run.encoder.state_dict()}
-    torch.save(state, Path(os.environ["RANK_WEIGHTS"]) / f"rank{run.rank}.pt")
+    torch.save(state, Path(os.environ["RANK_WEIGHTS"]) / f"rank{run.proc.rank}.pt")
 
 
 train.train = train_and_keep

@@ -10,6 +10,8 @@ import torch
 import embed as E
 import model as M
 from conftest import ROOT, minilm, oracle, stsb_sentences
+from support import embedding
+from support.device import device_and_dtype
 
 
 def naive(texts, model, tok):
@@ -90,16 +92,16 @@ def test_auto_dtype_on_a_cpu_is_what_the_processor_multiplies(monkeypatch, capsy
                                    (False, True, torch.bfloat16), (False, False, None)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
-        assert E.device_and_dtype("cpu", "auto") == (cpu, want)
-        assert E.device_and_dtype("cpu", "fp32") == (cpu, None)
+        assert device_and_dtype("cpu", "auto") == (cpu, want)
+        assert device_and_dtype("cpu", "fp32") == (cpu, None)
         assert device.autocast_dtype("auto", cpu) is None  # train.py's
     assert capsys.readouterr().err == ""
-    assert E.device_and_dtype("cpu", "bf16") == (cpu, torch.bfloat16)  # by hand, without the hardware
+    assert device_and_dtype("cpu", "bf16") == (cpu, torch.bfloat16)  # by hand, without the hardware
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: --dtype bf16: this CPU has neither AMX nor AVX512-BF16")
     assert "emulated, about 400x slower than fp32" in err
     with pytest.raises(UserError, match="--dtype fp16 is for GPUs"):
-        E.device_and_dtype("cpu", "fp16")
+        device_and_dtype("cpu", "fp16")
 
 
 def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
@@ -119,15 +121,15 @@ def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
     the naive loop's embeddings; the extra positions are padding, and every real one is among them."""
     lengths, T = np.array([5, 3, 8, 1]), 8
     for multiple in (1, 4, 16, 64):
-        positions = E.token_positions(lengths, T, multiple)
-        real = M.nonpad_positions(lengths, T)
+        positions = embedding.token_positions(lengths, T, multiple)
+        real = np.flatnonzero(np.arange(T)[None] < lengths[:, None])  # by hand
         assert set(real) <= set(positions) and len(set(positions)) == len(positions)
         assert len(positions) % multiple == 0 or len(positions) == len(real)  # too little padding to round up
         assert (np.sort(positions) == positions).all()
-    assert len(E.token_positions(lengths, T, 4)) == 20 and len(E.token_positions(lengths, T, 64)) == 17
+    assert len(embedding.token_positions(lengths, T, 4)) == 20 and len(embedding.token_positions(lengths, T, 64)) == 17
     model, tok = M.load_pretrained(str(tiny))
     texts = ["the cat sat", "a dog barked at the moon " * 9, "the mat " * 30, "moon", "sat on the mat"] * 4
-    monkeypatch.setattr(E, "shape_multiples", lambda device, dtype: (8, 64))
+    monkeypatch.setattr(embedding, "shape_multiples", lambda device, dtype: (8, 64))
     np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=200), naive(texts, model, tok), atol=1e-5)
 
 

@@ -77,13 +77,13 @@ def test_traps_in_a_senteval_tree(tmp_path):
 
 def test_sick_layouts(tmp_path):
     trial = need(SHARED / "data" / "sts" / "sick" / "SICK_trial.txt")
-    a, b, gold = E.find_tasks(trial.parent, "dev")["SICKR"][""]
+    a, b, gold = E.find_tasks(trial.parent, "dev")["SICKR"]["dev"]
     assert len(a) == 500 and 1 <= gold.min() and gold.max() <= 5
     head = "pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tSemEval_set\n"
     (tmp_path / "SICK.txt").write_text(head + "1\tA x\tB x\tNEUTRAL\t3.5\tTRAIN\n2\tA y\tB y\tNEUTRAL\t4.5\tTEST\n"
                                        "3\tA z\tB z\tNEUTRAL\t1.5\tTRIAL\n4\tA w\tB w\tNEUTRAL\t2.0\tTEST\n")
-    assert E.find_tasks(tmp_path, "test")["SICKR"][""][2].tolist() == [4.5, 2.0]
-    assert E.find_tasks(tmp_path, "dev")["SICKR"][""][0] == ["A z"]
+    assert E.find_tasks(tmp_path, "test")["SICKR"]["test"][2].tolist() == [4.5, 2.0]
+    assert E.find_tasks(tmp_path, "dev")["SICKR"]["dev"][0] == ["A z"]
 
 
 def test_minilm_on_stsb_dev(tmp_path, capsys):
@@ -159,7 +159,7 @@ def test_download_from_a_local_server_then_offline(tmp_path, monkeypatch):
     d = E.download_stsb()
     assert sorted(p.name for p in d.iterdir()) == ["sts-dev.csv", "sts-test.csv", "sts-train.csv"]
     assert not (tmp_path / "evil.csv").exists() and not list(tmp_path.rglob("evil.csv"))
-    assert E.find_tasks(d, "test")["STSB"][""][0] == ["A cat."]
+    assert E.find_tasks(d, "test")["STSB"]["test"][0] == ["A cat."]
     srv.shutdown()
     srv.server_close()  # the port refuses from now on
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -99,7 +99,7 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
         bound.append(dist.distributed_c10d._get_default_group().bound_device_id)
 
     monkeypatch.setattr(dist, "init_process_group", init)
-    monkeypatch.setattr(T, "DDP", lambda module, device_ids=None, **kw: ddp_ids.append(device_ids) or module)
+    monkeypatch.setattr(processes, "DDP", lambda module, device_ids=None, **kw: ddp_ids.append(device_ids) or module)
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(name, value)
     gpu_check = bench_script("gpu_check")
@@ -112,7 +112,7 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     for set_up in (train_set_up, lambda: gpu_check.one_rank_process_group(gpu_check.device(dry=False))):
         try:
             proc = set_up()
-            T.data_parallel(T.ChunkedEncoder(tiny_encoder()), proc.device, T.TrainConfig())
+            processes.data_parallel(T.ChunkedEncoder(tiny_encoder()), proc.device, find_unused=False)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -146,13 +146,13 @@ def test_embed_names_the_gpu_by_its_index_or_says_there_is_none(tmp_path, monkey
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    assert embed.device_and_dtype("cuda", "auto") == (torch.device("cuda", 3), torch.bfloat16)
-    assert embed.device_and_dtype("auto", "fp32") == (torch.device("cuda", 3), None)
-    assert embed.device_and_dtype("cuda:1", "auto")[0] == torch.device("cuda", 1)
+    assert device.device_and_dtype("cuda", "auto") == (torch.device("cuda", 3), torch.bfloat16)
+    assert device.device_and_dtype("auto", "fp32") == (torch.device("cuda", 3), None)
+    assert device.device_and_dtype("cuda:1", "auto")[0] == torch.device("cuda", 1)
     for name, why in (("cuda:4", "this machine has 4 GPU(s)"), ("tpu", "not a device this project runs on"),
                       ("bogus", "not a device this project runs on")):
         with pytest.raises(UserError, match=re.escape(f"--device {name}: {why}")) as e:
-            embed.device_and_dtype(name, "auto")
+            device.device_and_dtype(name, "auto")
         assert e.value.code == 2
 
 
@@ -246,13 +246,12 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
         for seed in range(3):  # padded anchors; positives all of one length, so unpadded and without an anchor
             batch = synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 4))
             spans = T.Spans(batch, T.TrainConfig(), compiled.encoder)
-            scale = T.mlm_scale(spans.n_masked, 1, spans.device)
-            for k in range(len(spans.groups)):
-                ids, mask, nonpad, mlm_at, targets = spans.chunk(k)
+            for chunk in spans.chunks:
+                ids, mask, positions, mlm_at, targets = chunk
                 if old_inputs:
-                    nonpad = None if mask.all() else nonpad
+                    positions = None if mask.all() else positions
                     mlm_at, targets = (mlm_at, targets) if (targets != -100).any() else (None, None)
-                compiled.chunk_forward(compiled.encoder, ids, mask, nonpad, mlm_at, targets, scale)
+                compiled.chunk_forward(compiled.encoder, ids, mask, positions, mlm_at, targets)
         assert (device.compiled_graphs()[0] > 1) == old_inputs
 
 
@@ -296,10 +295,9 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
         widths = set()
         for batch in batches:
             spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, multiple=multiple)
-            scale = T.mlm_scale(spans.n_masked, 1, spans.device)
-            for k in range(len(spans.chunks)):
-                widths.add(spans.chunks[k][0].shape[1] % 8)
-                compiled.chunk(spans, k, scale)
+            for chunk in spans.chunks:
+                widths.add(chunk.ids.shape[1] % 8)
+                compiled([chunk])
         graphs[multiple] = device.compiled_graphs()[0]
         assert (len(widths) > 1) == (multiple == 1)  # both kinds of width occur, unless padded
     assert graphs == {1: 2, 8: 1}
@@ -321,7 +319,7 @@ def test_resume_runs_the_adamw_of_its_device(saved_fused, here_fused):
     copy = tiny_encoder()
     copy.load_state_dict(model.state_dict())
     here = T.make_optimizer(copy, cfg, fused=here_fused)
-    T.load_optimizer(here, state)
+    runs.load_optimizer(here, state)
     assert all(bool(g["fused"]) == here_fused for g in here.param_groups)
     for opt, m in ((saved, model), (here, copy)):  # and the next step is the same with either
         step_grads(m, batch)
@@ -336,7 +334,7 @@ def test_resume_runs_the_adamw_of_its_device(saved_fused, here_fused):
 def test_evaluate_scores_the_embeddings_embed_writes(tmp_path):
     """One --device/--dtype rule for both scripts, and the score evaluate_sts.py prints is the Spearman of the cosines
     of the embeddings embed.py writes with its defaults (worked out here from the .npy by hand)."""
-    assert evaluate_sts.device_and_dtype is embed.device_and_dtype
+    assert evaluate_sts.device_and_dtype is device.device_and_dtype
     assert embed.EmbedConfig().dtype == evaluate_sts.EvalConfig().dtype == "auto"
     assert embed.EmbedConfig().device == evaluate_sts.EvalConfig().device == "auto"
     texts = ["a man plays a guitar", "a woman sings a song", "the cat sat on the mat", "a dog runs in the park"]
@@ -364,15 +362,14 @@ def test_the_host_side_plan_matches_the_device_side_way():
     nonzero() over the mask and the labels would find on the device; on a GPU the chunks follow the budget alone."""
     batch, cfg = synthetic_batch(6, seed=11), T.TrainConfig(chunk_tokens=200)
     spans = T.Spans(batch, cfg, tiny_encoder())
-    assert sum(len(g) for g in spans.groups) == len(spans.lengths) > len(spans.groups) > 1
+    assert sum(len(g) for g in spans.rows) == len(spans.lengths) > len(spans.rows) > 1
     width = max(batch["anchors"].shape[1], batch["positives"].shape[1])
     rows = torch.cat([torch.nn.functional.pad(batch[k], (0, width - batch[k].shape[1]), value=1)
                       for k in ("mlm_inputs", "positives")])  # every span padded to the longest (pad id 1)
     labels = torch.cat([batch["mlm_labels"], torch.full((len(batch["positives"]), batch["mlm_labels"].shape[1]), -100)])
-    for k, group in enumerate(spans.groups):
-        ids, mask, nonpad, mlm_at, mlm_targets = spans.chunk(k)
+    for group, (ids, mask, positions, mlm_at, mlm_targets) in zip(spans.rows, spans.chunks, strict=True):
         T_k = ids.shape[1]
-        assert torch.equal(nonpad, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
+        assert torch.equal(positions, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
         assert torch.equal(ids, rows[group, :T_k])  # its spans, anchors MLM-corrupted
         chunk_labels = torch.nn.functional.pad(labels, (0, max(0, T_k - labels.shape[1])), value=-100)[group, :T_k]
         picked = (chunk_labels != -100).flatten().nonzero().squeeze(1)
@@ -380,10 +377,10 @@ def test_the_host_side_plan_matches_the_device_side_way():
         assert len(mlm_at) == max(2, len(picked)) and int(kept.sum()) == len(picked)
         assert torch.equal(mlm_at[kept], picked) and torch.equal(mlm_targets[kept], chunk_labels.flatten()[picked])
     assert spans.n_masked == int((batch["mlm_labels"] != -100).sum())
-    assert float(T.mlm_scale(spans.n_masked, 1, spans.device)) == pytest.approx(1 / spans.n_masked)
+    assert float(T.mlm_mean_weight(spans.n_masked, 1, spans.device)) == pytest.approx(1 / spans.n_masked)
     # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
     gpu = length_groups(spans.lengths, 200, spread=0.0)
-    assert len(gpu) < len(spans.groups)
+    assert len(gpu) < len(spans.rows)
     assert all(len(g) * spans.lengths[g].max() <= 200 < (len(g) + 1) * spans.lengths[g].max() for g in gpu[:-1])
 
 
@@ -480,7 +477,7 @@ def test_the_gpu_checks_ddp_section_compares_like_with_like(monkeypatch):
         section, {}).update(values))
     calls, real = [], T.train_step
 
-    def recorded(model, batch, cfg, world=1, scaler=None):
+    def recorded(model, batch, cfg, world=1, scaler=T.DISABLED):
         calls.append((type(model).__name__, (cfg.dtype, cfg.chunk_tokens, cfg.grad_cache),
                       torch.backends.cuda.matmul.allow_tf32))
         return real(model, batch, cfg, world, scaler)

@@ -198,7 +198,7 @@ def tok():
 
 
 def small_cfg(**kw):
-    return S.SamplerConfig(**{**dict(min_span=4, max_span=32, docs_per_step=2, workers=0), **kw})
+    return S.SamplerConfig(**{**dict(min_span=4, max_span=32, docs_per_step=2), **kw})
 
 
 def test_corpus_reads_every_layout_and_counts_the_bad(tmp_path, tok):

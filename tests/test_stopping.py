@@ -21,7 +21,7 @@ from test_train import assert_same_weights, default_sigint, free_port, run_args,
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """The demo's documents, collected once for the module."""
-    from support.corpus import demo_corpus
+    from support.demo import demo_corpus
 
     folder = tmp_path_factory.mktemp("cache")
     demo_corpus(str(folder))

@@ -271,8 +271,8 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
     monkeypatch.setattr(runs.torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        T.save_checkpoint(T.Run(T.TrainConfig(), tmp_path / "r", T.ChunkedEncoder(model), tok, opt, scaler, None,
-                                step=4))
+        T.save_checkpoint(T.Run(T.TrainConfig(), tmp_path / "r", T.ChunkedEncoder(model), model, tok, opt, scaler, None,
+                                0, step=4))
     monkeypatch.undo()
     ck = runs.checkpoints(tmp_path / "r")
     assert [c.name for c in ck] == ["step-00000002"]

@@ -1,0 +1,58 @@
+"""
+support/demo.py: `python train.py` with no --data, a demo that needs nothing but Python: a tiny model from scratch
+on the documentation every Python installation carries, with settings that train it in a minute or two on a CPU.
+"""
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from support.cli import Progress, say
+from support.files import cache_dir, writable_cache, write_atomic
+from support.processes import Process, made_once
+
+# `python train.py` with no data: a demo that needs nothing but Python. These replace the flags not given.
+DEMO = dict(model="scratch:tiny", out="runs/demo", steps=600, lr=1e-3, min_span=16, max_span=64, log_every=50,
+            ckpt_every=200)
+
+
+def demo_config(cfg, given: set, proc: Process):
+    """`python train.py` with no --data: the demo's settings where no flag says otherwise, on Python's own docs."""
+    cfg = replace(cfg, **{k: v for k, v in DEMO.items() if k not in given})  # --lr 5e-5 is 5e-5, the default or not
+    folder = made_once(proc, "demo-corpus", lambda: str(demo_corpus(cfg.cache_dir)), per_machine=True)
+    say(f"no --data: the demo, {cfg.model} on Python's own documentation ({folder})")
+    return replace(cfg, data=[folder])
+
+
+def demo_corpus(cache: str) -> Path:
+    """Text that every Python installation carries, one document per file: the language reference's help
+    topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    root = cache_dir(cache) / "demo-corpus"
+    if root.exists():
+        return root
+    progress = Progress("demo", f"collecting Python's help topics and docstrings into {root}")
+    docs = {f"topic-{k}": v for k, v in topics.items()}
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
+            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+
+    def write(folder: Path):
+        folder.mkdir(parents=True)
+        for name, text in docs.items():
+            if len(text) > 2000:
+                (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+
+    writable_cache(cache)
+    write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
+    progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
+    return root

@@ -1,0 +1,145 @@
+"""
+support/embedding.py: what embed.py does around the embedding itself. Its inputs checked, then read in blocks (standard
+input and pipes copied once, as both passes read them), its rows written as they come, the progress of the texts
+finished, and each batch laid out in the shapes a CPU's bf16 kernels want.
+"""
+import contextlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from support.cli import UserError
+from support.corpus import read_lines
+from support.device import pad_rows, padding_mask, prefetched, to_device
+from support.files import path_kind
+
+# -----------------------------------------------------------------------------------------------
+# A batch on the device
+
+
+def shape_multiples(device: torch.device, dtype) -> tuple[int, int]:
+    """(width, tokens): what a batch's width and the count of tokens its token-wise layers run on are rounded up to.
+    oneDNN builds a bf16 kernel for every new shape a CPU meets (about 10 ms each here, against 6 ms to run one), and
+    the real tokens of a batch are a new count almost every time: on a CPU in bf16, widths of 8 and counts of 64
+    leave few shapes (14% more sentences/s, docs/measurements.md). fp32 and GPUs need none."""
+    return (8, 64) if device.type == "cpu" and dtype == torch.bfloat16 else (1, 1)
+
+
+def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
+    """The flat positions the token-wise layers run on (model.Packing's): the real tokens', then as many padding
+    positions as make their count a multiple of `multiple`, where the batch has that much padding (pooling leaves
+    them out)."""
+    real = np.flatnonzero(padding_mask(lengths, T))
+    extra = -len(real) % multiple
+    padding = np.flatnonzero(~padding_mask(lengths, T))[:extra]
+    return np.sort(np.concatenate([real, padding])) if extra and len(padding) == extra else real
+
+
+def padded_batch(pieces, pad_id: int, T: int, device: torch.device, dtype):
+    """(ids, mask, positions) on the device: the pieces padded to T, and the positions the token-wise layers run on,
+    None where the batch has no padding (it then runs as it is)."""
+    ids, mask = pad_rows(pieces, pad_id, width=T)
+    lengths = mask.sum(1)
+    multiple = shape_multiples(device, dtype)[1]
+    positions = to_device(token_positions(lengths, T, multiple), device) if lengths.min() < T else None
+    return to_device(ids, device), to_device(mask, device), positions
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Dropout off while embedding, as sentence-transformers' encode (a model in training mode would embed
+    differently each call), and the model's mode put back afterwards."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+class FinishedTexts:
+    """Tells progress(texts, windows), after each batch, how many texts it finished (a text is finished once all its
+    windows are) and how many windows ran."""
+
+    def __init__(self, owner: np.ndarray, n_texts: int, progress):
+        self.owner, self.progress = owner, progress
+        self.left = np.bincount(owner, minlength=n_texts)  # windows left per text
+
+    def __call__(self, rows: np.ndarray):
+        if self.progress:
+            texts = self.owner[rows]
+            np.subtract.at(self.left, texts, 1)
+            self.progress(int((self.left[np.unique(texts)] == 0).sum()), len(rows))
+
+
+# -----------------------------------------------------------------------------------------------
+# Files in, rows out, in blocks
+
+
+def check_paths(cfg, out: Path):
+    """Every input readable, and an output that overwrites nothing the user has (unless --overwrite)."""
+    for p in cfg.inputs:
+        if p == "-" and sys.stdin is None:  # started with standard input closed (`<&-`)
+            raise UserError("-: standard input is closed; pipe the texts in, or name a file")
+        kind = "file" if p == "-" else path_kind(Path(p))
+        if kind == "missing":
+            raise UserError(f"{p}: no such file")
+        if kind not in ("file", "pipe"):
+            raise UserError(f"{p}: is a {kind}, not a file of texts; embed.py reads .txt and .jsonl files (maybe .gz), "
+                            f"pipes, and - for standard input")
+        if p != "-" and Path(p).resolve() == out.resolve():
+            raise UserError(f"--output {out}: is also an input, which it would overwrite")
+    if out.exists() and not cfg.overwrite:
+        raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
+    if not out.parent.exists() or not os.access(out.parent, os.W_OK):
+        raise UserError(f"{out}: cannot write into {out.parent}")
+
+
+def spooled(inputs, folder: Path) -> dict[str, Path]:
+    """Standard input and pipes (`<(zcat a.gz)`) copied once into `folder`: both passes read them, the first to count
+    the rows (the output's size is known before its first row is written)."""
+    copies = {}
+    for k, p in enumerate(dict.fromkeys(inputs)):
+        if p == "-" or path_kind(Path(p)) == "pipe":
+            copies[p] = folder / f"{k}-{'stdin.txt' if p == '-' else Path(p).name}"  # its name says .jsonl, .gz
+            with open(p, "rb") if p != "-" else contextlib.nullcontext(sys.stdin.buffer) as src:
+                with open(copies[p], "wb") as f:
+                    shutil.copyfileobj(src, f)
+    return copies
+
+
+def count_rows(inputs, copies: dict) -> int:
+    """The texts of every input: a streaming first pass."""
+    return sum(sum(1 for _ in read_lines(Path(p), copies.get(p))) for p in inputs)
+
+
+def blocks(inputs, copies: dict, size: int):
+    """The inputs' texts, in order, `size` at a time."""
+    block = []
+    for path in inputs:
+        for text in read_lines(Path(path), copies.get(path)):
+            block.append(text)
+            if len(block) == size:
+                yield block
+                block = []
+    if block:
+        yield block
+
+
+def write_rows(f, fmt: str, shape: tuple, texts, tokenize, embed, ahead: bool):
+    """Every block's embeddings appended to the open file f, in input order (npy: the header first). ahead: the next
+    block is read and tokenised in a thread (the tokenizer releases the GIL) while this one is embedded, which pays
+    on a GPU; on a CPU the two would only share the same cores."""
+    if fmt == "npy":  # the row count is known, so the header can come before the rows
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    for tokenized in prefetched(texts, tokenize) if ahead else map(tokenize, texts):
+        emb = embed(tokenized)
+        if fmt == "npy":
+            f.write(emb.astype("<f4").tobytes())
+        else:
+            f.writelines((json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n").encode() for e in emb)
