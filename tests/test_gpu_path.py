@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -394,8 +395,9 @@ def sections_not_passed(summary: dict) -> dict:
 def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     """bash bench/gpu_check.sh --dry-run, as the lent GPU machine runs it ($OUT set): every section passes, or is
     skipped as GPU-only, by the JSON summary it leaves under $OUT (about two minutes on 2 cores: docs/gpu.md)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # its python3: the tests' own
     r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True,
-                       timeout=1600, env={**os.environ, "OUT": str(tmp_path)})
+                       timeout=1600, env={**os.environ, "OUT": str(tmp_path), "PATH": path})
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(res["summary"]) == set("abcdefgh") | {"seconds"}
     assert sections_not_passed(res["summary"]) == {}, r.stdout[-3000:] + r.stderr[-2000:]
