@@ -17,7 +17,6 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 from support import hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
-from support.device import padding_mask
 from support.files import check_out_folder, make_dirs, write_atomic, write_json
 
 
@@ -220,11 +218,6 @@ def mean_pool(hidden, attention_mask):
     """§3.1: the span embedding is the mean of its token states over the attention mask."""
     m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
-
-
-def real_positions(lengths: np.ndarray, T: int) -> np.ndarray:
-    """Packing's positions, worked out on the host: the flat places of the real tokens of rows of these lengths."""
-    return np.flatnonzero(padding_mask(lengths, T))
 
 
 # -----------------------------------------------------------------------------------------------
