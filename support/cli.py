@@ -77,7 +77,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def model_commands(doc: str, shapes: list) -> argparse.ArgumentParser:
     """model.py's sub-commands: info, convert, scratch."""
-    ap = OneLineParser(prog="model.py", description=__doc__.split("\n\n")[0],
+    ap = OneLineParser(prog="model.py", description=doc,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
