@@ -97,7 +97,7 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", 
 def max_tokens(model) -> int:
     """The longest window a text is embedded in, <s> and </s> included: the model's positions, or the max_seq_length
     of its sentence-transformers config where that is shorter, as sentence-transformers itself truncates."""
-    limit = getattr(model, "sentence_transformers", {}).get("max_seq_length", model.config.max_tokens)
+    limit = model.sentence_transformers.get("max_seq_length", model.config.max_tokens)
     return min(model.config.max_tokens, limit)
 
 

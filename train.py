@@ -177,11 +177,11 @@ def unwrap(model) -> ChunkedEncoder:  # the ChunkedEncoder itself, also from ins
 def grad_cache_step(model, spans: Spans, mlm_weight, cfg: TrainConfig, world: int = 1, scaler=DISABLED) -> dict:
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
-    states, embs = [], []
+    states, embs, inner = [], [], unwrap(model)
     with torch.no_grad(), spans.autocast:
         for chunk in spans.chunks:
             states.append(rng_state(spans.device))
-            embs.append(unwrap(model).chunk_forward(unwrap(model).encoder, *chunk._replace(mlm_at=None))[0])
+            embs.append(inner.chunk_forward(inner.encoder, *chunk._replace(mlm_at=None))[0])
     # 2. The loss on the whole batch, and its gradient with respect to each embedding, back in the chunks' order
     emb = torch.cat(embs)[spans.unsort].requires_grad_()
     contrastive = contrastive_loss(emb, spans.n_anchors, cfg)
