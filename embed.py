@@ -9,12 +9,12 @@ budget, so little compute goes to padding, then written back in input order.
     python embed.py --model sentence-transformers/all-MiniLM-L6-v2 a.txt b.jsonl --output out.npy --normalize
     cat texts.txt | python embed.py --model M - --output out.jsonl --format jsonl
     python embed.py --model M long_docs.txt --output out.npy --long chunk    # windows, averaged
+    torchrun --nproc_per_node=8 embed.py --model M corpus.jsonl --output out.npy    # a process per GPU
+    python embed.py --model M corpus.jsonl --output out.npy --resume          # after a stop: the blocks missing
 
     from embed import encode
     vectors = encode(["A man plays a guitar.", "Someone plays music."], model, tok)   # (2, hidden) float32
 """
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,19 +22,21 @@ import numpy as np
 import torch
 
 from model import load_pretrained, mean_pool
-from support import embedding
-from support.cli import Progress, UserError, cli, flag, parse_config
+from support import embed_job, embedding
+from support.cli import UserError, cli, flag, parse_config
 from support.device import OnDevice, autocast, cpu_threads, device_and_dtype, to_device
-from support.files import write_atomic
 from support.hub import special_ids
+from support.processes import processes
 
 
 @dataclass
 class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.OnDevice), then these
     model: str = flag("", "hub id or local Hugging Face directory")
     inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl (field text), - (stdin)")
-    output: str = flag("embeddings.npy", "written under a temporary name, renamed when complete")
-    overwrite: bool = flag(False, "replace an --output that exists")
+    output: str = flag("embeddings.npy", "written under a temporary name (.NAME.partial), renamed when complete")
+    overwrite: bool = flag(False, "replace an --output that exists, or the unfinished job into it")
+    resume: bool = flag(False, "continue the unfinished job into --output: only its missing blocks are embedded")
+    output_dtype: str = flag("float32", "the rows written; float16 halves an .npy", choices=("float32", "float16"))
     format: str = flag("", "default: --output's extension", choices=("npy", "jsonl"))
     normalize: bool = flag(False, "unit vectors, so that dot products are cosines")
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
@@ -53,6 +55,10 @@ class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.
             raise UserError(f"--output {self.output}: cannot tell the format from its name; pass --format npy or "
                             f"--format jsonl", code=2)
         self.format = self.format or suffix[1:]
+        if self.output_dtype == "float16" and self.format != "npy":
+            raise UserError("--output-dtype float16: for .npy only (a .jsonl row is text)", code=2)
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite: continue the job, or start it afresh, not both", code=2)
 
 
 def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
@@ -150,41 +156,26 @@ def length_batches(pieces, budget: int, width: int, max_tokens: int):
 def main(argv=None):
     cfg = parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
     with cpu_threads(cfg.threads):
-        embed_files(cfg)
+        embed_files(cfg, argv)
 
 
-def embed_files(cfg: EmbedConfig):
-    """`python embed.py`: every input's texts embedded, in order, into --output (support/embedding.py reads, writes)."""
-    out = Path(cfg.output)
+def embed_files(cfg: EmbedConfig, argv=None):
+    """`python embed.py`, or `torchrun ... embed.py` (a process per GPU, on one machine or several): every input's
+    texts embedded in blocks, each block by whichever process takes it, its rows kept as soon as they are written,
+    the output named when the last is in (support/embed_job.py: sharing out, the record, --resume)."""
     if not cfg.model:
         raise UserError("no --model given: a hub id or a local Hugging Face directory")
-    embedding.check_paths(cfg, out)
-    device, dtype = device_and_dtype(cfg.device, cfg.dtype)
+    proc = processes()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE, or one plain process
+    embedding.check_paths(cfg, Path(cfg.output), proc.world)
+    device, dtype = device_and_dtype(str(proc.device) if cfg.device == "auto" else cfg.device, cfg.dtype)
     model, tok = load_pretrained(cfg.model, quiet=True)
     model.to(device)
-    with tempfile.TemporaryDirectory() as tmpdir:
-        copies = embedding.spooled(cfg.inputs, Path(tmpdir))
-        if (n := embedding.count_rows(cfg.inputs, copies)) == 0:
-            raise UserError(f"{', '.join(cfg.inputs)}: no texts")
-        progress, done = Progress("embedding", f"{n:,} texts with {cfg.model}, into {out}"), [0, 0]
-
-        def report(finished: int, windows: int):  # texts finished, and (--long chunk) the windows they took
-            done[0], done[1] = done[0] + finished, done[1] + windows
-            chunks = f" ({done[1]:,} windows)" if cfg.long == "chunk" else ""
-            progress(f"{done[0]:,}/{n:,} texts{chunks}, {done[0] / (time.time() - progress.t0):,.0f} texts/s")
-
-        def write(tmp: Path):
-            with open(tmp, "wb") as f:
-                blocks = embedding.blocks(cfg.inputs, copies, cfg.block)
-                embedding.write_rows(f, cfg.format, (n, model.config.hidden_size), blocks,
-                                 lambda block: tokenize(block, tok, max_tokens(model), cfg.long),
-                                 lambda t: embed_tokenized(t, model, tok, batch_tokens=cfg.batch_tokens,
-                                                           normalize=cfg.normalize, dtype=dtype, progress=report),
-                                 ahead=device.type == "cuda")
-
-        write_atomic(out, write)  # only a complete output gets the name the user asked for
-    seconds = time.time() - progress.t0
-    progress.note(f"wrote {out}: {n:,} x {model.config.hidden_size} ({seconds:.1f}s, {n / seconds:,.0f} texts/s)")
+    with embed_job.started(cfg, proc, model, device, dtype, max_tokens(model), argv) as job:
+        # This process's blocks, in input order, each tokenised, embedded and kept before the next
+        for block, pieces in job.blocks(lambda texts: tokenize(texts, tok, max_tokens(model), cfg.long),
+                                        ahead=device.type == "cuda"):
+            job.write(block, embed_tokenized(pieces, model, tok, batch_tokens=cfg.batch_tokens,
+                                             normalize=cfg.normalize, dtype=dtype, progress=job.progress))
 
 
 if __name__ == "__main__":

@@ -60,15 +60,20 @@ def open_bytes(f: Path):
     return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
 
 
-def read_lines(path: Path, copy: Path | None = None):
+def read_lines(path: Path, copy: Path | None = None, skipping=None):
     """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the "text" of each line of a
     .jsonl, either maybe gzipped; "-" (standard input) and a pipe are read from their spooled `copy`. A byte-order
-    mark that opens the input is not text. One line for what cannot be read."""
+    mark that opens the input is not text. One line for what cannot be read. skipping(), asked before each row: where
+    it says True the row is None, neither decoded (.txt) nor parsed (.jsonl), as a process passes over the blocks
+    that others embed."""
     src, name = copy or path, "stdin" if str(path) == "-" else str(path)
     jsonl = ".jsonl" in Path(name).name
     try:
         with open_bytes(Path(src)) as f:
             for n, raw in enumerate(f, 1):
+                if skipping and not jsonl and skipping():
+                    yield None
+                    continue
                 try:
                     line = raw.decode("utf-8-sig" if n == 1 else "utf-8").removesuffix("\n").removesuffix("\r")
                 except UnicodeDecodeError as e:
@@ -76,9 +81,12 @@ def read_lines(path: Path, copy: Path | None = None):
                 if not jsonl:
                     yield line
                 elif line.strip():
-                    if (text := json_text(line)) is None:
+                    if skipping and skipping():
+                        yield None
+                    elif (text := json_text(line)) is None:
                         raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
-                    yield text
+                    else:
+                        yield text
     except (OSError, EOFError) as e:  # EOFError: a .gz cut short
         raise UserError(f"{name}: cannot read ({getattr(e, 'strerror', None) or e})") from None
 

@@ -1,10 +1,10 @@
 """
 support/embedding.py: what embed.py does around the embedding itself. Its inputs checked, then read in blocks (standard
-input and pipes copied once, as both passes read them), its rows written as they come, the progress of the texts
-finished, and each batch laid out in the shapes a CPU's bf16 kernels want.
+input and pipes copied once, as both passes read them), the progress of the texts finished, and each batch laid out
+in the shapes a CPU's bf16 kernels want. Where the blocks' rows go is support/embed_job.py's.
 """
 import contextlib
-import json
+import itertools
 import os
 import shutil
 import sys
@@ -15,7 +15,7 @@ import torch
 
 from support.cli import UserError
 from support.corpus import read_lines
-from support.device import pad_rows, padding_mask, prefetched, to_device
+from support.device import pad_rows, padding_mask, to_device
 from support.files import path_kind
 
 # -----------------------------------------------------------------------------------------------
@@ -81,8 +81,9 @@ class FinishedTexts:
 # Files in, rows out, in blocks
 
 
-def check_paths(cfg, out: Path):
-    """Every input readable, and an output that overwrites nothing the user has (unless --overwrite)."""
+def check_paths(cfg, out: Path, world: int = 1):
+    """Every input readable, and an output that overwrites nothing the user has (unless --overwrite, or --resume,
+    which names it only if complete). Standard input and pipes can be read once, by one process."""
     for p in cfg.inputs:
         if p == "-" and sys.stdin is None:  # started with standard input closed (`<&-`)
             raise UserError("-: standard input is closed; pipe the texts in, or name a file")
@@ -92,9 +93,12 @@ def check_paths(cfg, out: Path):
         if kind not in ("file", "pipe"):
             raise UserError(f"{p}: is a {kind}, not a file of texts; embed.py reads .txt and .jsonl files (maybe .gz), "
                             f"pipes, and - for standard input")
+        if world > 1 and (p == "-" or kind == "pipe"):
+            raise UserError(f"{p}: standard input and pipes are read by one process; with {world} processes, each "
+                            f"reads the inputs itself: save it to a file first")
         if p != "-" and Path(p).resolve() == out.resolve():
             raise UserError(f"--output {out}: is also an input, which it would overwrite")
-    if out.exists() and not cfg.overwrite:
+    if out.exists() and not (cfg.overwrite or cfg.resume):
         raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
     if not out.parent.exists() or not os.access(out.parent, os.W_OK):
         raise UserError(f"{out}: cannot write into {out.parent}")
@@ -118,28 +122,25 @@ def count_rows(inputs, copies: dict) -> int:
     return sum(sum(1 for _ in read_lines(Path(p), copies.get(p))) for p in inputs)
 
 
-def blocks(inputs, copies: dict, size: int):
-    """The inputs' texts, in order, `size` at a time."""
-    block = []
+def blocks(inputs, copies: dict, size: int, wanted=None):
+    """(index, texts): the inputs' texts in order, `size` at a time. wanted: the block indices to read, increasing
+    (drawn one at a time, when the one before is done); the rows of the others are passed over unread, and nothing
+    after the last is read."""
+    wanted = itertools.count() if wanted is None else iter(wanted)
+    target, row, block = next(wanted, None), 0, []
+
+    def skipping():  # the row about to be read is not in the block wanted
+        return row // size != target
+
     for path in inputs:
-        for text in read_lines(Path(path), copies.get(path)):
-            block.append(text)
-            if len(block) == size:
-                yield block
-                block = []
-    if block:
-        yield block
-
-
-def write_rows(f, fmt: str, shape: tuple, texts, tokenize, embed, ahead: bool):
-    """Every block's embeddings appended to the open file f, in input order (npy: the header first). ahead: the next
-    block is read and tokenised in a thread (the tokenizer releases the GIL) while this one is embedded, which pays
-    on a GPU; on a CPU the two would only share the same cores."""
-    if fmt == "npy":  # the row count is known, so the header can come before the rows
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
-    for tokenized in prefetched(texts, tokenize) if ahead else map(tokenize, texts):
-        emb = embed(tokenized)
-        if fmt == "npy":
-            f.write(emb.astype("<f4").tobytes())
-        else:
-            f.writelines((json.dumps({"embedding": [round(float(x), 7) for x in e]}) + "\n").encode() for e in emb)
+        for text in read_lines(Path(path), copies.get(path), skipping):
+            if target is None:
+                return
+            if text is not None:
+                block.append(text)
+            row += 1
+            if row % size == 0 and row // size - 1 == target:
+                yield target, block
+                target, block = next(wanted, None), []
+    if block:  # the last block, shorter than the others
+        yield target, block

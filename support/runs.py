@@ -137,12 +137,12 @@ def _step_of(line: str) -> float:
         return math.inf
 
 
-def lock_run_folder(out: Path, probe: bool = False):
+def lock_run_folder(out: Path, probe: bool = False, said_as: str = ""):
     """An exclusive lock on a run folder until the process ends (or release_run_folders): a second run into the same
     --out, or --resume of a run still training there, is refused with one line naming the holder. The lock is the
     operating system's (flock), held by an open file, not the file's existence: a process that is killed (SIGKILL,
     a power loss) holds nothing any more, and the next run takes the folder. probe: refuse if it is held, write
-    nothing."""
+    nothing. said_as: what the line calls the folder (embed.py's job folder is its --output's)."""
     path, key = out / LOCK, str(out.resolve())
     if key in _held or (probe and not path.exists()):
         return
@@ -153,8 +153,9 @@ def lock_run_folder(out: Path, probe: bool = False):
         f.seek(0)
         holder = f.read().strip() or "a process that has not said which"
         f.close()
-        raise UserError(f"--out {out}: another run is using it ({holder}); wait for it to end, or choose another "
-                        f"--out") from None
+        said_as = said_as or f"--out {out}"
+        raise UserError(f"{said_as}: another run is using it ({holder}); wait for it to end, or choose another "
+                        f"{said_as.split()[0]}") from None
     except OSError as e:
         raise UserError(f"{path}: cannot lock the run folder ({e.strerror or e})") from None
     if probe:

@@ -4,6 +4,7 @@ or written stop it with exit 1; nothing of an earlier run is deleted until every
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,10 +214,18 @@ def test_embed_on_a_full_disk_leaves_nothing(tmp_path, tiny):
     r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(tiny), str(tmp_path / "texts.txt"),
                         "--output", str(tmp_path / "e.npy")], capture_output=True, text=True, timeout=300,
                        preexec_fn=limited(100_000))
-    lines = r.stderr.splitlines()  # what it was doing, then the one error line
-    assert r.returncode == 1 and lines[0].startswith("embedding: 2,000 texts") and len(lines) == 2
-    assert lines[1].startswith("error: ") and "e.npy: cannot write (File too large)" in lines[1]
+    # the whole output is laid out before the first row: a limit it would meet stops it at once, with one line
+    assert r.returncode == 1 and r.stderr == f"error: {tmp_path / 'e.npy'}: cannot write (File too large)\n", r.stderr
     assert not (tmp_path / "e.npy").exists() and not list(tmp_path.glob(".e.npy*"))
+
+
+def test_embed_into_a_disk_too_small_says_so_at_once(tmp_path, tiny, capsys, monkeypatch):
+    (tmp_path / "texts.txt").write_text("a cat sat on the mat\n" * 2000)  # 2,000 x 64 floats: 512 KB
+    monkeypatch.setattr("shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 100_000, 100_000))
+    code, line = fails(E.main, ["--model", str(tiny), str(tmp_path / "texts.txt"), "--output", str(tmp_path / "e.npy")],
+                       capsys)
+    assert code == 1 and line == f"error: --output {tmp_path / 'e.npy'}: needs 512.0 kB, and 100.0 kB are free there"
+    assert not list(tmp_path.glob("*.npy*")) and not list(tmp_path.glob(".e.npy*"))
 
 
 def test_truncated_tokenizer_json_is_one_line(tmp_path, tiny, capsys):

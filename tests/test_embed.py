@@ -196,7 +196,9 @@ def test_bad_input_one_line_and_no_output(tmp_path, tiny, case):
     assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_a_failure_midway_leaves_no_output(tmp_path, tiny, monkeypatch):
+def test_a_failure_midway_keeps_the_blocks_done_and_no_output(tmp_path, tiny, monkeypatch):
+    """Ctrl-C midway: exit 130 (support.cli), no --output, the block done kept in the job's folder; --resume embeds
+    only the two blocks missing and gives the uninterrupted output (tests/test_embed_job.py: every way of stopping)."""
     (tmp_path / "in.txt").write_text("a\nb\nc\n")
     calls = []
 
@@ -208,10 +210,17 @@ def test_a_failure_midway_leaves_no_output(tmp_path, tiny, monkeypatch):
 
     real = E.embed_tokenized
     monkeypatch.setattr(E, "embed_tokenized", dying)
-    with pytest.raises(SystemExit) as stopped:  # Ctrl-C midway: exit 130 (support.cli), and no output at all
-        E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--block", "1"])
+    flags = ["--model", str(tiny), str(tmp_path / "in.txt"), "--block", "1", "--threads", "1"]
+    with pytest.raises(SystemExit) as stopped:
+        E.main([*flags, "--output", str(tmp_path / "o.npy")])
     assert stopped.value.code == 130
-    assert not (tmp_path / "o.npy").exists() and not list(tmp_path.glob(".o.npy*"))
+    assert not (tmp_path / "o.npy").exists() and [p.name for p in tmp_path.glob(".o.npy*")] == [".o.npy.partial"]
+    E.main([*flags, "--output", str(tmp_path / "o.npy"), "--resume"])
+    assert len(calls) == 2 + 2
+    monkeypatch.setattr(E, "embed_tokenized", real)
+    E.main([*flags, "--output", str(tmp_path / "whole.npy")])
+    assert (tmp_path / "o.npy").read_bytes() == (tmp_path / "whole.npy").read_bytes()
+    assert not list(tmp_path.glob(".o.npy*"))
 
 
 def test_long_texts_truncate_where_sentence_transformers_does_and_saving_keeps_its_modules(tmp_path):
