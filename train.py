@@ -42,7 +42,7 @@ from model import (
     scratch_shape,
     scratch_tokenizer,
 )
-from support import demo, runs, stopping
+from support import card, demo, metrics, runs, stopping
 from support.chunks import Spans
 from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.corpus import document_texts
@@ -258,6 +258,8 @@ class Run:
     step: int = 0
     best: float = -1.0
     latest_checkpoint: Path | None = None  # the newest checkpoint
+    machines: list = field(default_factory=list)  # where its steps ran, for the model card (support/runs.machines)
+    log: metrics.Log | None = None  # metrics.jsonl and the lines on stdout (TensorBoard's too), while the loop runs
     evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
     loader: object = None  # the batches' iterator, while the loop runs
     stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
@@ -266,13 +268,18 @@ class Run:
         """However the run ends: the loader's workers ended now, and DDP, which holds the process group, let go of."""
         if self.loader is not None:
             self.loader.close()
-        self.model = self.loader = None
+        if self.log is not None:
+            self.log.close()
+        self.model = self.loader = self.log = None
 
 
 def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
-    cfg, log, run.stop.training = run.cfg, runs.Log(run, run.cfg.log_every), True
+    cfg, run.stop.training = run.cfg, True
+    run.log = log = metrics.Log(run, cfg.log_every, cfg.tensorboard)  # lifetime() closes it
     rank, world = run.proc.rank, run.proc.world
+    if run.evaluate and run.step == 0 and rank == 0:  # the starting model's score, which the run's are read against
+        log.write({"step": 0, "stsb_dev_spearman": run.evaluate()})
     run.loader = sampler.make_loader(run.batches, run.step, run.total, cfg.workers)  # lifetime() closes it
     for batch in run.loader:
         # The slanted triangular schedule sets this step's learning rate
@@ -312,18 +319,23 @@ def train(run: Run):
 
 def score_and_keep_best(run: Run, rec: dict):
     """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
-    run.encoder.eval()
-    rec["stsb_dev_spearman"] = run.evaluate() if run.proc.rank == 0 else None
-    run.encoder.train()
+    rec["stsb_dev_spearman"] = run.evaluate() if run.proc.rank == 0 else None  # dropout off (embed.encode's)
     if run.proc.rank == 0 and rec["stsb_dev_spearman"] > run.best:
         run.best = rec["stsb_dev_spearman"]
-        save_pretrained(run.encoder, run.tok, run.out / "best")
+        hand_over(run, run.out / "best", [*metrics.read_metrics(run.out), rec], best=True)
+
+
+def hand_over(run: Run, folder: Path, records: list[dict], best: bool = False):
+    """A model folder the run hands over (out/model, out/best): the weights in Hugging Face layout, and the model card
+    (README.md) of what the run did to them, from its config and metrics.jsonl (support/card.py)."""
+    save_pretrained(run.encoder, run.tok, folder)
+    card.write_card(folder, run.cfg, records, run.machines, len(run.batches.docs), run.total, best)
 
 
 def save_checkpoint(run: Run) -> Path:
     """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout, and train_state.pt (optimizer, step, config)."""
     state = {"optimizer": run.opt.state_dict(), "step": run.step, "config": asdict(run.cfg), "best": run.best,
-             "processes": runs.layout(run.proc.world)}
+             "processes": runs.layout(run.proc.world), "machines": run.machines}
     if run.scaler.is_enabled():
         state["scaler"] = run.scaler.state_dict()
     return runs.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
@@ -343,7 +355,7 @@ def main(argv=None):
         run.stop = life.stop
         train(run)
         if run.proc.rank == 0:  # the final model in out/model, and what to do with it
-            save_pretrained(run.encoder, run.tok, run.out / "model")
+            hand_over(run, run.out / "model", metrics.read_metrics(run.out))
             runs.say_done(run.out, run.best)
         if run.proc.world > 1:
             dist.barrier()  # no rank tears its connections down while another still uses them
@@ -371,6 +383,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     model = ChunkedEncoder(encoder, compile=cfg.compile)
     total = cfg.steps or cfg.epochs * batches.steps_per_epoch
     run = Run(cfg, out, model, encoder, tok, opt, scaler, batches, total, proc)
+    run.machines = runs.machines(resume_from, proc, autocast_dtype(cfg.dtype, proc.device))
     runs.check_length(run.total, batches.steps_per_epoch, cfg, resume_from, MAX_STEPS)
     runs.begin(proc, out, resume_from, cfg.ddp_timeout)
     if proc.world > 1:

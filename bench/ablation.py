@@ -226,7 +226,8 @@ def metrics(out: Path, run: str) -> list[dict]:
 
 def curve(out: Path, run: str) -> list[tuple[int, float]]:
     """(step, STS-B dev Spearman) of one run, from its metrics.jsonl."""
-    return [(r["step"], r["stsb_dev_spearman"]) for r in metrics(out, run) if r.get("stsb_dev_spearman") is not None]
+    return [(r["step"], r["stsb_dev_spearman"]) for r in metrics(out, run)
+            if r.get("stsb_dev_spearman") is not None and r["step"] > 0]  # step 0: the start, which the plot has
 
 
 def sick_scores(a, models: dict[str, Path]) -> dict[str, float]:

@@ -9,7 +9,10 @@ support: the machinery a reader does not need to learn DeCLUTR, one concern a mo
     device.py   batches onto the device, precision, CPU threads, random state, compiled graphs
     chunks.py   a step's spans cut into chunks of similar length, each chunk's inputs on the device
     processes.py  torchrun's processes: where each is, what rank 0 makes once for all
-    runs.py     train.py's run flags; the run folder, its lock, log and checkpoints, where a run starts, resuming
+    runs.py     train.py's run flags; the run folder, its lock and checkpoints, where a run starts, resuming
+    metrics.py  a run's record of its steps: metrics.jsonl, the log lines, TensorBoard's events (--tensorboard)
+    card.py     the model card (README.md) beside each model a run hands over
+    plot.py     `python -m support.plot RUN`: a picture of a run from its metrics.jsonl
     stopping.py how a run stops: Ctrl-C, SIGTERM, out of memory, a rank gone, each in one line
     workers.py  DataLoader workers that can neither outlive the run nor keep it from ending
     hub.py      Hugging Face files: downloads, tokenizers, config.json, safetensors

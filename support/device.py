@@ -106,6 +106,18 @@ def device_and_dtype(device: str, dtype: str):
     return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
+def device_name(device: torch.device) -> str:
+    """What a device is, as a person names it: the GPU's model, or the CPU's (Linux's /proc/cpuinfo)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"CPU ({model})" if model else "CPU"
+
+
 def pick_device(name: str) -> torch.device:
     """--device: auto, cpu, cuda or cuda:N, as a device this torch has; a GPU always by its index (NCCL and DDP want
     one)."""

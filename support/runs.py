@@ -5,12 +5,12 @@ at rank 0's newest good checkpoint, the same on every rank) and which flags a re
 command that continues a run. How a run stops is support/stopping.py's. A run folder:
 
     .declutr.lock                    who holds it while a run trains: pid, machine, since when, the command
-    metrics.jsonl                    a line a step: step, contrastive, mlm, lr, grad_norm, tokens_per_s (+ STS-B dev)
+    metrics.jsonl                    a line a step: losses, lr, grad norm, tokens (support/metrics.py)
+    tensorboard/                     the same as TensorBoard's events (--tensorboard)
     checkpoints/step-00000500/       model.safetensors, config.json, tokenizer.json, ..., train_state.pt
-    model/                           the final model, Hugging Face layout
-    best/                            the best model by STS-B dev (--eval-data)
+    model/                           the final model, Hugging Face layout, and its model card (README.md)
+    best/                            the best model by STS-B dev (--eval-data), and its card
 """
-import collections
 import fcntl
 import io
 import json
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from support.cli import UserError, first_line, flag, say
+from support.device import device_name
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
 
@@ -46,6 +47,7 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     threads: int = flag(0, "torch CPU threads per rank; 0: its share of the cores free when it starts", low=0)
     ddp_timeout: int = flag(1800, "seconds a collective waits for the other ranks before the job stops",
                             low=1, high=604800)
+    tensorboard: bool = flag(False, "metrics.jsonl's numbers also as TensorBoard events in out/tensorboard")
 
     def validate(self):
         if self.resume and self.overwrite:
@@ -119,10 +121,11 @@ def prepare_run_folder(out: Path, resume_step: int | None):
     checkpoint a resumed run continues."""
     make_dirs(out)
     lock_run_folder(out)  # before anything in it changes: a run still training there keeps all it has
-    if resume_step is None:
-        for name in EARLIER_RUN:
+    if resume_step is None:  # the earlier run's model folders, and its log in every form (support/metrics.py)
+        for name in (*EARLIER_RUN, "tensorboard"):
             shutil.rmtree(out / name, ignore_errors=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        for name in ("metrics.jsonl", "metrics.png"):
+            (out / name).unlink(missing_ok=True)
     elif (out / "metrics.jsonl").exists():  # forget the steps after the checkpoint: they run again
         kept = "".join(line + "\n" for line in (out / "metrics.jsonl").read_text().splitlines()
                        if _step_of(line) <= resume_step)
@@ -173,41 +176,6 @@ def release_run_folders():
     for f in _held.values():
         f.close()
     _held.clear()
-
-
-class Log:
-    """A run's record of each step (metrics.jsonl) and its line on stdout every --log-every steps; tokens/s and the
-    ETA over the last RECENT steps, so that the first minutes do not skew them."""
-
-    RECENT = 20
-
-    def __init__(self, run, log_every: int):
-        self.run, self.every, self.t0 = run, log_every, time.time()
-        self.clock = collections.deque([(self.t0, 0)], maxlen=self.RECENT + 1)  # (time, tokens) after recent steps
-
-    def record(self, lr: float, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
-        self.clock.append((time.time(), self.clock[-1][1] + tokens))
-        (t_old, n_old), (t_new, n_new) = self.clock[0], self.clock[-1]
-        return dict(step=self.run.step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
-                    lr=lr,
-                    grad_norm=round(gnorm, 4) if math.isfinite(gnorm) else None,  # fp16: a skipped step's is inf
-                    tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
-
-    def write(self, rec: dict):
-        run = self.run
-        try:
-            with open(run.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-        except OSError as e:  # a full disk, or an --out moved or deleted while the run trains
-            raise UserError(f"{run.out / 'metrics.jsonl'}: cannot write ({e.strerror or e}); was --out moved or "
-                            f"deleted while the run trained? last checkpoint: {last_checkpoint(run)}") from None
-        if run.step % self.every == 0 or run.step == run.total:
-            (t_old, _), (t_new, _) = self.clock[0], self.clock[-1]
-            eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - run.step)
-            sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
-            print(f"step {run.step}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
-                  f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {time.time() - self.t0:.0f}s elapsed | "
-                  f"ETA {eta:.0f}s{sts}", flush=True)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -327,6 +295,16 @@ def layout(world: int) -> dict:
     return {"world": world, "machines": int(os.environ.get("GROUP_WORLD_SIZE", "1"))}
 
 
+def machines(resume_from: Resume | None, proc: Process, dtype: torch.dtype | None) -> list[dict]:
+    """Where the run's steps ran, stored in its checkpoints for its model card: the earlier processes' (from the
+    checkpoint a run resumes), then this one's from its first step on, in `dtype` (autocast's; None: fp32)."""
+    earlier = resume_from.state.get("machines", []) if resume_from else []
+    step = resume_from.step if resume_from else 0
+    dtype = str(dtype or torch.float32).removeprefix("torch.")
+    return [*[m for m in earlier if m["from_step"] < step],
+            {"from_step": step, **layout(proc.world), "device": device_name(proc.device), "dtype": dtype}]
+
+
 def check_world(resume_from: Resume, world: int, out: Path, allowed: bool):
     """A run resumed on another number of processes goes on differently from its own (each rank draws its own
     documents and dropout): refused with the command that continues it exactly, or said once when allowed."""
@@ -379,6 +357,8 @@ def say_done(out: Path, best: float):
           f"python embed.py --model {out / 'model'} - --output {out / 'embeddings.npy'}")
     print(f"evaluate it on STS-B dev:\n  python evaluate_sts.py --model {out / 'model'} --split dev"
           f"   # downloads the STS Benchmark once; or --data FOLDER holding sts-dev.csv")
+    print(f"its card, for the hub: {out / 'model' / 'README.md'}; a picture of the run:\n  python -m support.plot {out}"
+          f"   # {out / 'metrics.png'}")
 
 
 def last_checkpoint(run) -> str:

@@ -53,7 +53,7 @@ def oracle(module: str):
     try:
         return __import__(module)
     except ImportError:
-        missing(f"the oracle {module} (pip install -r requirements-dev.txt)")
+        missing(f"{module} (pip install -r requirements-dev.txt)")
 
 
 def minilm() -> Path:

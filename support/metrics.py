@@ -1,0 +1,124 @@
+"""
+support/metrics.py: what a training run records of its steps, which train.py calls and a reader of the method can
+skip. Every step a line in out/metrics.jsonl, every --log-every steps a line on stdout, and with --tensorboard the
+same numbers as TensorBoard event files in out/tensorboard/. A resumed run goes on with the same curves:
+metrics.jsonl is cut back to its checkpoint (support/runs.py), and TensorBoard forgets the steps after it.
+
+    {"step": 0, "stsb_dev_spearman": 55.1}      with --eval-data: the model the run starts from
+    {"step": 1, "contrastive": 2.77, "mlm": 8.31, "lr": 3.1e-05, "grad_norm": 4.2, "tokens": 19872,
+     "tokens_per_s": 20353}                     a step (tokens: all ranks'; + stsb_dev_spearman where evaluated)
+
+    tensorboard --logdir runs/                  # the runs under runs/, side by side
+    python -m support.plot runs/demo            # a picture of one run, without TensorBoard
+"""
+import collections
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from support.cli import UserError, say
+from support.runs import last_checkpoint
+
+METRICS, BOARD = "metrics.jsonl", "tensorboard"  # in the run folder
+# metrics.jsonl's numbers as TensorBoard's tags, named as the Hugging Face Trainer names its own
+TAGS = {"contrastive": "train/contrastive", "mlm": "train/mlm", "lr": "train/learning_rate",
+        "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s", "stsb_dev_spearman": "eval/stsb_dev"}
+
+
+def read_metrics(out: Path) -> list[dict]:
+    """The run's records, in order; a line cut short by a kill is left out."""
+    records = []
+    if (out / METRICS).exists():
+        for line in (out / METRICS).read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return [r for r in records if isinstance(r, dict) and "step" in r]
+
+
+class Log:
+    """A run's record of each step (metrics.jsonl, and TensorBoard's events with --tensorboard), written by rank 0,
+    and its line on stdout every --log-every steps; tokens/s and the ETA over the last RECENT steps, so that the
+    first minutes do not skew them."""
+
+    RECENT = 20
+
+    def __init__(self, run, log_every: int, tensorboard: bool = False):
+        self.run, self.every, self.t0 = run, log_every, time.time()
+        self.clock = collections.deque([(self.t0, 0)], maxlen=self.RECENT + 1)  # (time, tokens) after recent steps
+        self.board = Board.open(run.out, run.step) if tensorboard and run.proc.rank == 0 else None
+
+    def record(self, lr: float, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
+        self.clock.append((time.time(), self.clock[-1][1] + tokens))
+        (t_old, n_old), (t_new, n_new) = self.clock[0], self.clock[-1]
+        return dict(step=self.run.step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
+                    lr=lr,
+                    grad_norm=round(gnorm, 4) if math.isfinite(gnorm) else None,  # fp16: a skipped step's is inf
+                    tokens=tokens, tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
+
+    def write(self, rec: dict):
+        run = self.run
+        try:
+            with open(run.out / METRICS, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:  # a full disk, or an --out moved or deleted while the run trains
+            raise UserError(f"{run.out / METRICS}: cannot write ({e.strerror or e}); was --out moved or deleted "
+                            f"while the run trained? last checkpoint: {last_checkpoint(run)}") from None
+        line = rec["step"] % self.every == 0 or rec["step"] == run.total
+        if self.board:  # on disk by each checkpoint: a run killed after it resumes with every step before it
+            self.board.add(rec, flush=line or rec["step"] % run.cfg.ckpt_every == 0)
+        if not line:
+            return
+        if "contrastive" not in rec:
+            print(f"step 0/{run.total} | STS-B dev {rec['stsb_dev_spearman']:.2f}: the model the run starts from",
+                  flush=True)
+            return
+        (t_old, _), (t_new, _) = self.clock[0], self.clock[-1]
+        eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - run.step)
+        sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
+        print(f"step {run.step}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
+              f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {time.time() - self.t0:.0f}s elapsed | "
+              f"ETA {eta:.0f}s{sts}", flush=True)
+
+    def close(self):
+        if self.board:
+            self.board.close()
+        self.board = None
+
+
+class Board:
+    """--tensorboard: metrics.jsonl's numbers as TensorBoard scalars, through torch.utils.tensorboard."""
+
+    @classmethod
+    def open(cls, out: Path, step: int):
+        """The writer for a run at `step`, or None with one line when the tensorboard package is not installed."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # torch's writer needs the tensorboard package, which is not a requirement of ours
+            say("warning: --tensorboard: the tensorboard package is not installed (pip install tensorboard); the run "
+                f"goes on, its numbers in {out / METRICS}", file=sys.stderr)
+            return None
+        folder = out / BOARD
+        earlier = folder.is_dir() and any(folder.glob("events.out.tfevents.*"))
+        # A resumed run: TensorBoard drops the steps after the checkpoint from the earlier files (they run again)
+        board = cls(SummaryWriter(str(folder), purge_step=step + 1 if earlier else None))
+        if not earlier:  # --tensorboard first given on --resume: the steps before it, from metrics.jsonl
+            for rec in read_metrics(out):
+                board.add(rec)
+        return board
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def add(self, rec: dict, flush: bool = False):
+        for key, tag in TAGS.items():
+            if rec.get(key) is not None:
+                self.writer.add_scalar(tag, rec[key], rec["step"])
+        if flush:
+            self.writer.flush()
+
+    def close(self):
+        self.writer.close()
