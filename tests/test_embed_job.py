@@ -167,6 +167,28 @@ def test_sigterm_half_way_keeps_the_blocks_done_and_a_second_job_is_refused_mean
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_terminal_ends_every_process_and_resume_finishes(tmp_path, tiny, corpus, reap):  # noqa: F811
+    """Ctrl-C in a terminal: SIGINT to torchrun's whole process group, every rank included. Each machine's first
+    process says the rows kept and the command that continues; nothing of the job is left running; --resume on 2
+    processes ends with one process's bytes."""
+    out = tmp_path / "c.npy"
+    p = job(reap, tiny, corpus, out, wait=False)
+    wait_for_blocks(p, out, 6)
+    ranks = rank_pids(p.pid)
+    os.killpg(p.pid, signal.SIGINT)
+    text = p.communicate(timeout=60)[0]
+    assert p.returncode != 0 and not out.exists(), text
+    lines = [s for s in ours(text) if s.startswith("error: ")]
+    [line] = lines  # one machine: its first process speaks for it
+    assert line.startswith("error: interrupted; ") and " rows kept in " in line and line.endswith(" --resume)"), text
+    time.sleep(0.5)
+    assert not any(alive(pid) for pid in ranks.values())
+    code, text = job(reap, tiny, corpus, out, "--resume")
+    assert code == 0, text
+    assert out.read_bytes() == (corpus / "one.npy").read_bytes()
+
+
+@pytest.mark.slow
 def test_two_machines_on_loopback_write_one_output(tmp_path, tiny, corpus, reap):  # noqa: F811
     """Two torchrun "machines" (one process each, c10d on loopback) sharing a folder: one output, one process's bytes;
     each machine's first process would say a machine's error, and only the first machine's says the progress."""
@@ -205,6 +227,24 @@ B = SMALL // 30
 
 def folder_bytes(out):
     return {p.name: p.read_bytes() for p in embed_job.job_folder(out).iterdir() if p.name != ".declutr.lock"}
+
+
+def test_one_process_writes_each_blocks_rows_in_input_order(tiny, small):
+    """What the byte-for-byte tests compare against, held to something else: each block of the .npy is embed.encode
+    of that block's texts, bit for bit (a block is batched on its own), in input order; the .jsonl holds the same
+    rows, each number rounded to 7 decimals."""
+    import model as M
+    from support.device import device_and_dtype
+
+    encoder, tok = M.load_pretrained(str(tiny), quiet=True)
+    dtype = device_and_dtype("cpu", "auto")[1]
+    texts = (small / "in.txt").read_text().splitlines()
+    block = int((small / "block").read_text())
+    want = np.concatenate([E.encode(texts[i:i + block], encoder, tok, dtype=dtype)
+                           for i in range(0, len(texts), block)])
+    assert np.array_equal(np.load(small / "one.npy"), want)
+    rows = [json.loads(line)["embedding"] for line in (small / "one.jsonl").read_text().splitlines()]
+    assert rows == [[round(float(x), 7) for x in row] for row in want]
 
 
 def test_resume_refuses_what_would_mix_two_jobs_rows(tmp_path, tiny, small, monkeypatch, capsys):
