@@ -116,6 +116,15 @@ def pretrain(a, out: Path, books: list[Path]) -> Path:
     return model
 
 
+def held_out(books: list[Path], k: int) -> list[Path]:
+    """--hold-out: k books kept out of both stages, whose sentences bench/probing.py probes: every (n // k)-th of the
+    books sorted by name (the 5th, 10th, ... of 200 for k = 40), so that they spread over the authors."""
+    if k <= 0:
+        return []
+    step = len(books) // k
+    return books[step - 1::step][:k]
+
+
 def stage1_eval_every(steps: int) -> int:
     """Steps between stage 1's scores: 8 of them over the run (and train.py's own at the end), fewer for a run of
     fewer steps than that, never one a step."""
@@ -270,8 +279,9 @@ def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:
     what = "stage 1" if a.pretrain_steps else "untrained"
     if a.pretrain_steps:
         s1 = metrics(out, "pretrain")
+        kept = f" of those not held out ({a.hold_out})" if a.hold_out else ""
         lines = [f"Stage 1: {a.shape} scratch model and BPE, {a.pretrain_steps} steps of MLM alone on 2 x "
-                 f"{a.docs_per_step} sequences of {a.max_span} tokens from every other book, lr {a.pretrain_lr}; "
+                 f"{a.docs_per_step} sequences of {a.max_span} tokens from every other book{kept}, lr {a.pretrain_lr}; "
                  f"{stage1_summary(s1)}. Stage 2: from it, one pass over "
                  f"a share of the other books' documents, spans {a.min_span}-{a.max_span} tokens, lr {a.lr}"]
     else:
@@ -394,6 +404,7 @@ def main():
     ap.add_argument("--fractions", nargs="+", type=int, default=[25, 50, 100],
                     help="stage 2: the shares (%%) of its documents, one pass over each")
     ap.add_argument("--doc-chars", type=int, default=2400, help="stage 2: the least characters of a document")
+    ap.add_argument("--hold-out", type=int, default=0, help="books kept out of both stages, for bench/probing.py")
     ap.add_argument("--eval-every", type=int, default=None, help="steps between STS-B dev scores (the plot; "
                     "default: 200, or 100 with --pretrain-steps)")
     ap.add_argument("--docs-per-step", type=int, default=16, help="N")
@@ -417,7 +428,8 @@ def main():
     t0 = time.time()
     documents = {}
     if staged:
-        books = corpus.list_files(a.data)
+        books = corpus.list_files(a.data)  # sorted
+        books = [b for b in books if b not in held_out(books, a.hold_out)]
         stage1 = pretrain(a, out, books[0::2])
         inits = {s: stage1 for s in a.seeds}
         documents = stage2_documents(a, out, books[1::2])
