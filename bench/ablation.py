@@ -230,13 +230,14 @@ def run_seconds(out: Path) -> dict[str, int]:
 
 
 def metrics(out: Path, run: str) -> list[dict]:
-    return [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+    """A run's steps from its metrics.jsonl (not the line train.py writes first, the start's score at step 0)."""
+    records = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["step"] > 0]
 
 
 def curve(out: Path, run: str) -> list[tuple[int, float]]:
     """(step, STS-B dev Spearman) of one run, from its metrics.jsonl."""
-    return [(r["step"], r["stsb_dev_spearman"]) for r in metrics(out, run)
-            if r.get("stsb_dev_spearman") is not None and r["step"] > 0]  # step 0: the start, which the plot has
+    return [(r["step"], r["stsb_dev_spearman"]) for r in metrics(out, run) if r.get("stsb_dev_spearman") is not None]
 
 
 def sick_scores(a, models: dict[str, Path]) -> dict[str, float]:

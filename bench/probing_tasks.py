@@ -97,7 +97,7 @@ def balanced(groups: dict, sizes: tuple, rng: np.random.Generator) -> dict:
     return out
 
 
-def sentence_length(sents, rng, sizes=(1000, 200, 200)) -> dict:
+def sentence_length(sents, rng, sizes=(3000, 600, 600)) -> dict:
     """SentLen: the bin of the sentence's token count."""
     groups = collections.defaultdict(list)
     for tokens in sents:
@@ -131,7 +131,7 @@ def word_content(sents, rng, words=1000, sizes=(8, 2, 2), from_rank=1000) -> tup
     return balanced({w: holding[w] for w in targets}, sizes, rng), targets
 
 
-def bigram_shift(sents, rng, sizes=(2000, 500, 500)) -> dict:
+def bigram_shift(sents, rng, sizes=(6000, 1500, 1500)) -> dict:
     """BShift: "I" (two adjacent words inverted) or "O" (the original), each sentence in one of the two."""
     usable = [t for t in sents if not {'"', "“", "”"} & set(t)]
     order = rng.permutation(len(usable))

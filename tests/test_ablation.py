@@ -58,3 +58,18 @@ def test_stage1_plot_fits_a_short_run():
         steps, means, window = ablation.running_mean(xs)
         assert window == min(50, max(1, n // 4)) and len(steps) == len(means) == n - window + 1
         np.testing.assert_allclose(means, [xs[s - window:s].mean() for s in steps])
+
+
+def test_a_runs_steps_leave_out_the_starting_score_train_py_writes_first(tmp_path):
+    """train.py --eval-data writes {"step": 0, "stsb_dev_spearman": ...} before step 1: the loss summaries and the
+    curves read the steps only (the start's line has no loss; it once raised KeyError: 'mlm')."""
+    ablation = bench_script("ablation")
+    (tmp_path / "run").mkdir()
+    lines = [{"step": 0, "stsb_dev_spearman": 55.0}] + [{"step": s, "contrastive": 1.0, "mlm": 2.0 + s} for s in
+                                                        (1, 2, 3)]
+    lines[-1]["stsb_dev_spearman"] = 57.5
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert [r["step"] for r in ablation.metrics(tmp_path, "run")] == [1, 2, 3]
+    assert ablation.curve(tmp_path, "run") == [(3, 57.5)]
+    assert ablation.stage1_summary(ablation.metrics(tmp_path, "run")) == \
+        "MLM loss 4.00 over its first 3 steps, 4.00 over its last 3"
