@@ -48,6 +48,10 @@ def test_the_probe_matches_scikit_learns_logistic_regression():
     best = max(fits, key=lambda clf: clf.score(*dev))
     theirs = 100 * best.score(*test)
     assert 40 < theirs < 95 and abs(ours - theirs) < 1.0, (ours, theirs)
+    # Trained for a fixed number of passes without early stopping (bench/probing.py's check of SentEval's budget), the
+    # same probe also lands within a point of it
+    longer = senteval.probe_without_stopping(train, dev, test, classes=6, passes=200)
+    assert abs(longer - theirs) < 1.0, (longer, theirs)
 
 
 def test_cross_validation_folds_are_stratified_and_score_a_separable_task_almost_perfectly():
