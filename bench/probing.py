@@ -15,7 +15,9 @@ MLM?
 
 Time, alone on 2 CPU cores (AMD EPYC Zen 4): an hour. The ablation 22 minutes (stage 1 14, the 9 runs of stage 2
 8, two at a time), scoring the 11 models 14 (each model's embeddings, SentEval's regressor and three probes, one
-thread: 43-76 s a tiny model, 288 s all-MiniLM-L6-v2), the check against scikit-learn 24 (where it is installed).
+thread: 43-76 s a tiny model, 288 s all-MiniLM-L6-v2), the check against scikit-learn 24 where it is installed
+(measured when the check embedded its three models again and re-ran SentEval's probe; both now come from the
+scoring).
 
 The ablation runs as `bench/ablation.py --pretrain-steps 8000 --lr 5e-4 --fractions 100 --hold-out 40`: stage 1 on
 80 of the 200 shared books, stage 2 (one pass) on 80 others, and the 40 left out (every 5th by name) give the
@@ -68,8 +70,8 @@ def task_features(vectors: dict, task: dict) -> dict:
     """{split: (X, y)} of one probing task, X standardised with the train split's mean and deviation per dimension.
     Not SentEval's: its probe (Adam at 1e-3, at most 200 passes, early stopping) leaves these small models' features
     (deviations of 0.2-0.5) 2-4 points short of a converged logistic regression, by how much depending on each
-    model's scale, which the arms change; standardised, it is within a point of scikit-learn on every task
-    (docs/ablation.md)."""
+    model's scale, which the arms change; standardised, it is within a point of scikit-learn on every task of the
+    tiny models (docs/ablation.md)."""
     labels = sorted(set(task["train"][1]))
     split = {s: (np.stack([vectors[t] for t in texts]), np.array([labels.index(y) for y in ys]))
              for s, (texts, ys) in task.items()}
@@ -77,11 +79,14 @@ def task_features(vectors: dict, task: dict) -> dict:
     return {s: ((X - mean) / deviation, y) for s, (X, y) in split.items()}
 
 
-def score(folder: Path, tasks: dict, stsb: dict) -> dict[str, float]:
-    """One model's row: STS-B dev by cosine and by SentEval's regressor, and the probes' test accuracies."""
+def sentences(tasks: dict, stsb: dict) -> list[str]:
+    """Every sentence a model's scores need: the probing tasks' and STS-B's."""
     texts = [t for task in tasks.values() for split in task.values() for t in split[0]]
-    texts += [s for a, b, _ in stsb.values() for s in a + b]
-    vectors = embed_all(folder, texts)
+    return texts + [s for a, b, _ in stsb.values() for s in a + b]
+
+
+def score(vectors: dict, tasks: dict, stsb: dict) -> dict[str, float]:
+    """One model's row: STS-B dev by cosine and by SentEval's regressor, and the probes' test accuracies."""
     pairs = {split: (np.stack([vectors[s] for s in a]), np.stack([vectors[s] for s in b]), np.asarray(gold))
              for split, (a, b, gold) in stsb.items()}
     u, v, gold = pairs["dev"]
@@ -95,23 +100,20 @@ def score(folder: Path, tasks: dict, stsb: dict) -> dict[str, float]:
     return row
 
 
-def against_sklearn(folder: Path, tasks: dict) -> dict[str, tuple[float, float, float]]:
-    """Test accuracy on each probing task, on the same features: (SentEval's probe, the same probe trained for 1,000
-    passes without early stopping, scikit-learn's LogisticRegression with C chosen on the same validation split over
-    SentEval's grid for it, 2^-2 ... 2^3, and fitted to convergence)."""
+def against_sklearn(vectors: dict, tasks: dict, row: dict) -> dict[str, tuple[float, float, float]]:
+    """Test accuracy on each probing task, on the same features: (SentEval's probe, from the model's row, the same
+    probe trained for 1,000 passes without early stopping, scikit-learn's LogisticRegression with C chosen on the
+    same validation split over SentEval's grid for it, 2^-2 ... 2^3, and fitted to convergence)."""
     from sklearn.linear_model import LogisticRegression
 
-    texts = [t for task in tasks.values() for split in task.values() for t in split[0]]
-    vectors = embed_all(folder, texts)
     out = {}
     for name, task in tasks.items():
         split = task_features(vectors, task)
         fits = [LogisticRegression(C=2.0 ** t, max_iter=2000).fit(*split["train"]) for t in range(-2, 4)]
         best = max(fits, key=lambda clf: clf.score(*split["dev"]))
         classes = len(set(task["train"][1]))
-        ours = senteval.probe(split["train"], split["dev"], split["test"], classes)[1]
         longer = senteval.probe_without_stopping(split["train"], split["dev"], split["test"], classes)
-        out[name] = (ours, longer, round(100 * best.score(*split["test"]), 2))
+        out[name] = (row[name], longer, round(100 * best.score(*split["test"]), 2))
     return out
 
 
@@ -155,21 +157,22 @@ def main():
     stsb = {split: sts_files.read_stsb(sts / f"sts-{split}.csv") for split in ("train", "dev")}
     cache = out / "probing-scores.json"
     scores = json.loads(cache.read_text()) if cache.exists() else {}
-    for name, folder in models(out, a.seeds, shared / "models/all-MiniLM-L6-v2").items():
-        if name not in scores:
-            t1 = time.time()
-            scores[name] = score(folder, tasks, stsb)
-            cache.write_text(json.dumps(scores, indent=1))
-            print(f"{name}: " + ", ".join(f"{c} {scores[name][c]:.2f}" for c in COLUMNS)
-                  + f" ({time.time() - t1:.0f}s)", flush=True)
     # The probe against scikit-learn on the same features, where it is installed: two tiny models (the start,
     # DeCLUTR seed 0) and the reference, the one model well above chance on every task
-    every = models(out, a.seeds, shared / "models/all-MiniLM-L6-v2")
-    have_sklearn = importlib.util.find_spec("sklearn") is not None
-    for name in [n for n in ("start", "both-seed0", "all-MiniLM-L6-v2") if n in every and have_sklearn]:
-        if name not in scores.setdefault("sklearn", {}):
-            scores["sklearn"][name] = against_sklearn(every[name], tasks)
-            cache.write_text(json.dumps(scores, indent=1))
+    checked = ("start", "both-seed0", "all-MiniLM-L6-v2") if importlib.util.find_spec("sklearn") else ()
+    texts = sentences(tasks, stsb)
+    for name, folder in models(out, a.seeds, shared / "models/all-MiniLM-L6-v2").items():
+        check = name in checked and name not in scores.setdefault("sklearn", {})
+        if name in scores and not check:
+            continue
+        t1, vectors = time.time(), embed_all(folder, texts)  # once a model, for its row and its check
+        if name not in scores:
+            scores[name] = score(vectors, tasks, stsb)
+            print(f"{name}: " + ", ".join(f"{c} {scores[name][c]:.2f}" for c in COLUMNS)
+                  + f" ({time.time() - t1:.0f}s)", flush=True)
+        if check:
+            scores["sklearn"][name] = against_sklearn(vectors, tasks, scores[name])
+        cache.write_text(json.dumps(scores, indent=1))
     sizes = "\n".join(f"- {probing_tasks.describe(n, t)}" for n, t in tasks.items())
     checks = "\n".join(f"- {model}, {task}: SentEval's probe {ours:.2f}, without its early stopping {longer:.2f}, "
                        f"scikit-learn {theirs:.2f}" for model, by_task in scores.get("sklearn", {}).items()
