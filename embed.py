@@ -24,7 +24,7 @@ import torch
 from model import load_pretrained, mean_pool
 from support import embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
-from support.device import OnDevice, autocast, cpu_threads, device_and_dtype, to_device
+from support.device import OnDevice, compute, cpu_threads, device_and_dtype, to_device
 from support.hub import special_ids
 from support.processes import processes
 
@@ -118,8 +118,9 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     width = embedding.shape_multiples(device, dtype)[0]
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
-    # One autocast region for all the batches: its weights are cast to bf16 once, not for every batch
-    with embedding.eval_mode(model), autocast(dtype, device):
+    # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch), and the
+    # attention kernels chosen on purpose (support/device.py)
+    with embedding.eval_mode(model), compute(dtype, device):
         # Longest first, in batches of similar length: little compute goes to padding
         for rows, T in length_batches(pieces, budget, width, model.config.max_tokens):
             # The batch padded to T, and where its real tokens are (None: it has no padding; model.Packing)
@@ -138,16 +139,21 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     return out
 
 
+# GPUs' fused attention kernels give each row of a batch its own blocks along a grid dimension of at most 65,535:
+# 131,072 tokens of empty lines (2 tokens each) would be 65,536 rows, and a CUDA error
+MAX_ROWS = 32768
+
+
 def length_batches(pieces, budget: int, width: int, max_tokens: int):
     """(rows, T): the pieces longest first, in batches of at most `budget` padded tokens (the longest piece alone if it
-    is over), T the batch's width rounded up to a multiple of `width` as far as the model's positions go. Longest
-    first: a batch that does not fit in memory fails at once."""
+    is over) and MAX_ROWS rows, T the batch's width rounded up to a multiple of `width` as far as the model's positions
+    go. Longest first: a batch that does not fit in memory fails at once."""
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]
     i = 0
     while i < len(order):
         longest = len(pieces[order[i]])
         T = min(-(-longest // width) * width, max(longest, max_tokens))
-        j = min(len(order), i + max(1, budget // T))  # the first is the longest: rows x T <= budget
+        j = min(len(order), i + min(MAX_ROWS, max(1, budget // T)))  # the first is the longest: rows x T <= budget
         yield order[i:j], T
         i = j
 

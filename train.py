@@ -42,11 +42,11 @@ from model import (
     scratch_shape,
     scratch_tokenizer,
 )
-from support import card, demo, metrics, runs, stopping
+from support import card, demo, device, metrics, runs, stopping
 from support.chunks import Spans
 from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.corpus import document_texts
-from support.device import autocast_dtype, cpu_threads, rng_state, say_compiled, set_rng_state, to_device
+from support.device import autocast_dtype, cpu_threads, rng_state, set_rng_state, to_device
 from support.processes import Process, corpus_for_run, data_parallel, made_once, processes
 
 DISABLED = torch.amp.GradScaler("cpu", enabled=False)  # fp16's loss scale is off in every other precision
@@ -83,6 +83,8 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # and the spans' (sam
                             f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
         if (shape := scratch_name(self.model)) is not None:
             scratch_shape(shape, "--model scratch:")
+        if self.compile:
+            device.check_compile()
 
 
 # Flags that --resume takes from the command line, as they do not change the model's trajectory; any other is refused
@@ -106,7 +108,7 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=DISABLED) 
     if cfg.grad_cache:
         return grad_cache_step(model, spans, mlm_weight, cfg, world, scaler)
     # §3.1: every span's mean-pooled embedding, and §3.3: each chunk's summed MLM loss of the anchors' masked tokens
-    with spans.autocast:
+    with spans.compute:
         emb, mlm_sums = model(spans.chunks)  # (S, H) in the chunks' order, a scalar a chunk
     # Back to the batch's order: the A·N anchors, then the P positives of each anchor in turn
     emb = emb[spans.unsort]
@@ -163,7 +165,7 @@ class ChunkedEncoder(nn.Module):
     def __init__(self, encoder, compile: bool = False):
         super().__init__()
         self.encoder = encoder
-        self.chunk_forward = torch.compile(chunk_forward, dynamic=True) if compile else chunk_forward
+        self.chunk_forward = device.compiled(chunk_forward) if compile else chunk_forward
 
     def forward(self, chunks):
         outs = [self.chunk_forward(self.encoder, *chunk) for chunk in chunks]
@@ -178,7 +180,7 @@ def grad_cache_step(model, spans: Spans, mlm_weight, cfg: TrainConfig, world: in
     """GradCache (Gao et al., 2021): the step above for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph, remembering the RNG state (dropout) each chunk started from
     states, embs, inner = [], [], unwrap(model)
-    with torch.no_grad(), spans.autocast:
+    with torch.no_grad(), spans.compute:
         for chunk in spans.chunks:
             states.append(rng_state(spans.device))
             embs.append(inner.chunk_forward(inner.encoder, *chunk._replace(mlm_at=None))[0])
@@ -196,7 +198,7 @@ def grad_cache_step(model, spans: Spans, mlm_weight, cfg: TrainConfig, world: in
     for i, k in enumerate(order):
         set_rng_state(states[k], spans.device)
         with accumulate_locally(model, i < len(order) - 1):
-            with spans.autocast:
+            with spans.compute:
                 e, (m,) = model([spans.chunks[k]])
             m = m * mlm_weight
             scaler.scale((e * grad[starts[k]:starts[k + 1]]).sum() + m).backward()
@@ -276,45 +278,59 @@ class Run:
 def train(run: Run):
     """§4: one step per batch, with the schedule, clipping, logs, evaluation and checkpoints."""
     cfg, run.stop.training = run.cfg, True
-    run.log = log = metrics.Log(run, cfg.log_every, cfg.tensorboard)  # lifetime() closes it
-    rank, world = run.proc.rank, run.proc.world
-    if run.evaluate and run.step == 0 and rank == 0:  # the starting model's score, which the run's are read against
-        log.write({"step": 0, "stsb_dev_spearman": run.evaluate()})
+    run.log = metrics.Log(run, cfg.log_every, cfg.tensorboard)  # lifetime() closes it
+    if run.evaluate and run.step == 0 and run.proc.rank == 0:  # the start's score, which the run's are read against
+        run.log.write({"step": 0, "stsb_dev_spearman": run.evaluate()})
     run.loader = sampler.make_loader(run.batches, run.step, run.total, cfg.workers)  # lifetime() closes it
+    before = None  # the step before: its numbers are read once this one is on its way, so the GPU never waits on them
     for batch in run.loader:
-        # The slanted triangular schedule sets this step's learning rate
-        for g in run.opt.param_groups:
-            g["lr"] = lr_at(run.step, run.total, cfg)
-        # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
-        torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rank, run.step]).generate_state(1)[0]))
         with stopping.failures_are_one_line(run):
-            # Forward and backward of this rank's documents
-            stats = train_step(run.model, batch, cfg, world, run.scaler)
-            # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
-            gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
-            # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
-            stop = stopping.agreed_stop(run, gnorm.device)
-        # The step's numbers, read from the device at once: the one place a step waits for the GPU
-        numbers = (stats["contrastive"], stats["mlm"], gnorm, stop)
-        contrastive, mlm, gnorm, stop = torch.stack([torch.as_tensor(x, dtype=torch.float32, device=gnorm.device)
-                                                     for x in numbers]).tolist()
-        stopping.check_finite(run, contrastive + mlm)
-        run.step += 1
-        rec = log.record(run.opt.param_groups[0]["lr"], contrastive, mlm, gnorm, stats["tokens"] * world)
-        if run.evaluate and ((cfg.eval_every and run.step % cfg.eval_every == 0) or run.step == run.total):
-            score_and_keep_best(run, rec)
-        if rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
-            log.write(rec)
-        if run.step % cfg.ckpt_every == 0 or run.step == run.total or stop:
-            if rank == 0:
-                save_checkpoint(run)
-            if world > 1:
-                dist.barrier()
-            run.latest_checkpoint = runs.step_folder(run.out, run.step)  # each machine's last line names it
+            this = take_step(run, batch)
+            stop = before is not None and log_step(run, before)
+            before = this
+            saved = run.step % cfg.ckpt_every == 0 or run.step == run.total
+            evaluated = run.evaluate and (cfg.eval_every and run.step % cfg.eval_every == 0 or run.step == run.total)
+            if stop or saved or evaluated:  # each needs this step's weights and numbers: the host waits for them here
+                stop = log_step(run, this, evaluated) or stop
+                before = None
+                if stop or saved:
+                    save_checkpoint(run)
         if stop and run.step < run.total:
             raise stopping.Terminated
     if cfg.compile:
-        say_compiled()
+        device.say_compiled()
+
+
+def take_step(run: Run, batch) -> metrics.Figures:
+    """One optimiser step, launched: on a GPU the host goes on while it runs. Returns its numbers, on their way."""
+    cfg, rank, world = run.cfg, run.proc.rank, run.proc.world
+    # The slanted triangular schedule sets this step's learning rate
+    lr = lr_at(run.step, run.total, cfg)
+    for g in run.opt.param_groups:
+        g["lr"] = lr
+    # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
+    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, rank, run.step]).generate_state(1)[0]))
+    # Forward and backward of this rank's documents
+    stats = train_step(run.model, batch, cfg, world, run.scaler)
+    # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
+    gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
+    # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
+    stop = stopping.agreed_stop(run, gnorm.device)
+    run.step += 1
+    return metrics.Figures(run.step, lr, stats["tokens"] * world, stats["contrastive"], stats["mlm"], gnorm, stop)
+
+
+def log_step(run: Run, figures: metrics.Figures, evaluate: bool = False) -> bool:
+    """A step's numbers into metrics.jsonl (rank 0), with its STS-B dev score where it is evaluated; whether the
+    ranks agreed to stop after it."""
+    contrastive, mlm, gnorm, stop = figures.read()
+    stopping.check_finite(run, contrastive + mlm, figures.step)
+    rec = run.log.record(figures.step, figures.lr, contrastive, mlm, gnorm, figures.tokens)
+    if evaluate:
+        score_and_keep_best(run, rec)
+    if run.proc.rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
+        run.log.write(rec)
+    return bool(stop)
 
 
 def score_and_keep_best(run: Run, rec: dict):
@@ -332,14 +348,19 @@ def hand_over(run: Run, folder: Path, records: list[dict], best: bool = False):
     card.write_card(folder, run.cfg, records, run.machines, len(run.batches.docs), run.total, best)
 
 
-def save_checkpoint(run: Run) -> Path:
-    """out/checkpoints/step-NNNNNNNN: the model in Hugging Face layout, and train_state.pt (optimizer, step, config)."""
-    state = {"optimizer": run.opt.state_dict(), "step": run.step, "config": asdict(run.cfg), "best": run.best,
-             "processes": runs.layout(run.proc.world), "machines": run.machines}
-    if run.scaler.is_enabled():
-        state["scaler"] = run.scaler.state_dict()
-    return runs.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
-                                 run.cfg.keep_ckpts)
+def save_checkpoint(run: Run):
+    """out/checkpoints/step-NNNNNNNN, written by rank 0 while the others wait: the model in Hugging Face layout, and
+    train_state.pt (optimizer, step, config)."""
+    if run.proc.rank == 0:
+        state = {"optimizer": run.opt.state_dict(), "step": run.step, "config": asdict(run.cfg), "best": run.best,
+                 "processes": runs.layout(run.proc.world), "machines": run.machines}
+        if run.scaler.is_enabled():
+            state["scaler"] = run.scaler.state_dict()
+        runs.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
+                              run.cfg.keep_ckpts)
+    if run.proc.world > 1:
+        dist.barrier()
+    run.latest_checkpoint = runs.step_folder(run.out, run.step)  # each machine's last line names it
 
 
 # -----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from support.device import autocast, autocast_dtype, padding_mask, to_device
+from support.device import autocast_dtype, compute, padding_mask, to_device
 
 
 class Chunk(NamedTuple):
@@ -50,7 +50,7 @@ class Spans:
         order = np.concatenate(self.rows)
         self.order, self.unsort = to_device(order, device), to_device(np.argsort(order), device)
         self.n_masked = int((labels != -100).sum())
-        self.autocast = autocast(autocast_dtype(cfg.dtype, device), device)  # --dtype: what the chunks run in
+        self.compute = compute(autocast_dtype(cfg.dtype, device), device)  # --dtype, and the attention kernels
 
     def _chunk(self, rows, ids, lengths, labels) -> Chunk:
         T = self.width(int(lengths[rows].max()))

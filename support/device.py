@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from support.cli import UserError, flag, say
 
@@ -72,7 +73,8 @@ class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embe
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AMX, or AVX512-BF16); elsewhere oneDNN emulates it, about 400x
     slower than fp32 (a 2048^2 matmul on an AVX2-only AMD EPYC: 0.27 against 113 GFLOP/s)."""
-    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    asks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch >= 2.5 can tell; 2.4 cannot: fp32
+    return any(getattr(torch.cpu, ask, lambda: False)() for ask in asks)
 
 
 def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
@@ -86,11 +88,31 @@ def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
     return {"auto": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def autocast(dtype, device: torch.device):
-    """Mixed precision in `dtype` (autocast_dtype's) on the device; fp32 (None) is no autocast at all."""
-    if dtype in (None, torch.float32):
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+# The attention kernels every forward may use, chosen on purpose rather than left to torch's dispatcher, whose first
+# choice changes with the torch version (docs/gpu.md): on a GPU, flash attention where a batch has no padding (fp16 and
+# bf16 only), the memory-efficient kernel wherever there is a mask (all of training) or fp32, the math kernel only for
+# a head size neither takes. cuDNN's is left out: it rounds the dropout probability (0.1 becomes a multiple of 1/16),
+# has had NaN gradients and wrong results on Hopper (pytorch#196678, #139298, #169849), and builds a graph for every
+# new batch shape. A CPU has flash and math only, and keeps its choice: the list leaves out nothing it has.
+ATTENTION_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+class compute:
+    """The context a forward runs in: autocast in `dtype` (autocast_dtype's; fp32, None, is no autocast at all) and
+    the attention kernels of ATTENTION_KERNELS. Entered again and again (GradCache enters it once a chunk)."""
+
+    def __init__(self, dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+
+    def __enter__(self):
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(sdpa_kernel(list(ATTENTION_KERNELS)))
+        if self.dtype not in (None, torch.float32):
+            self.stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        return self
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)
 
 
 def device_and_dtype(device: str, dtype: str):
@@ -203,6 +225,27 @@ def set_rng_state(state, device):
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
+
+
+COMPILE_FLOOR = (2, 5)  # 2.4's guards fail on every call here ("name 'FloatTrueDiv' is not defined"): a graph a chunk
+
+
+def check_compile():
+    """--compile on a torch that builds one graph for a run (docs/gpu.md), or one line saying which it needs."""
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < COMPILE_FLOOR:
+        raise UserError(f"--compile needs torch >= {'.'.join(map(str, COMPILE_FLOOR))} (this is {torch.__version__}, "
+                        "whose compiler builds a graph for every chunk); leave --compile out, or upgrade torch", code=2)
+
+
+def compiled(fn):
+    """torch.compile for chunks of every shape: one graph for them all (Spans gives every chunk the same kinds of
+    input). Sizes that are equal by chance when a graph is traced are not taken for one size (dynamo's "duck
+    sizing"): a chunk of 2 spans with 2 MLM targets would otherwise build a graph of its own."""
+    import torch.fx.experimental._config as fx_config
+
+    if hasattr(fx_config, "use_duck_shape"):  # torch >= 2.5
+        fx_config.use_duck_shape = False
+    return torch.compile(fn, dynamic=True)
 
 
 def compiled_graphs() -> tuple[int, bool]:

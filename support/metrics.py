@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from support.cli import UserError, say
 from support.runs import last_checkpoint
 
@@ -51,10 +53,10 @@ class Log:
         self.clock = collections.deque([(self.t0, 0)], maxlen=self.RECENT + 1)  # (time, tokens) after recent steps
         self.board = Board.open(run.out, run.step) if tensorboard and run.proc.rank == 0 else None
 
-    def record(self, lr: float, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
+    def record(self, step: int, lr: float, contrastive: float, mlm: float, gnorm: float, tokens: int) -> dict:
         self.clock.append((time.time(), self.clock[-1][1] + tokens))
         (t_old, n_old), (t_new, n_new) = self.clock[0], self.clock[-1]
-        return dict(step=self.run.step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
+        return dict(step=step, contrastive=round(contrastive, 6), mlm=round(mlm, 6),
                     lr=lr,
                     grad_norm=round(gnorm, 4) if math.isfinite(gnorm) else None,  # fp16: a skipped step's is inf
                     tokens=tokens, tokens_per_s=round((n_new - n_old) / (t_new - t_old)))
@@ -77,9 +79,9 @@ class Log:
                   flush=True)
             return
         (t_old, _), (t_new, _) = self.clock[0], self.clock[-1]
-        eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - run.step)
+        eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - rec["step"])
         sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
-        print(f"step {run.step}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
+        print(f"step {rec['step']}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
               f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {time.time() - self.t0:.0f}s elapsed | "
               f"ETA {eta:.0f}s{sts}", flush=True)
 
@@ -87,6 +89,30 @@ class Log:
         if self.board:
             self.board.close()
         self.board = None
+
+
+class Figures:
+    """One step's numbers for the log (its losses, gradient norm and the ranks' agreed stop), sent to the host without
+    waiting. train.py reads step k's once it has launched step k+1: reading them at once would leave the GPU idle while
+    the host logs, then the host idle while the GPU starts the next step. read() waits for this step's copy alone."""
+
+    def __init__(self, step: int, lr: float, tokens: int, *values):
+        self.step, self.lr, self.tokens, self.event = step, lr, tokens, None
+        device = values[-1].device
+        numbers = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device) for v in values])
+        if device.type != "cuda":
+            self.host = numbers
+            return
+        # Into page-locked memory, behind the step on the GPU's stream; an event marks when it has arrived
+        self.host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+        self.host.copy_(numbers, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def read(self) -> list[float]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class Board:

@@ -94,9 +94,9 @@ def failures_are_one_line(run):
                         f"last checkpoint: {last_checkpoint(run)}", alone=True) from None
 
 
-def check_finite(run, loss: float):
+def check_finite(run, loss: float, step: int):
     if not math.isfinite(loss):
-        raise UserError(f"loss is {loss} at step {run.step + 1}; last good checkpoint: {last_checkpoint(run)}")
+        raise UserError(f"loss is {loss} at step {step}; last good checkpoint: {last_checkpoint(run)}")
 
 
 def agreed_stop(run, device) -> torch.Tensor:

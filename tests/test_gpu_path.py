@@ -256,6 +256,49 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
         assert (device.compiled_graphs()[0] > 1) == old_inputs
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--grad-cache", "--chunk-tokens", "64"]], ids=["plain", "grad-cache"])
+def test_compile_under_torchrun_gives_eager_ddps_run(tmp_path, docs, extra):
+    """--compile inside DistributedDataParallel on 2 ranks (gloo), DDP's buckets small enough that dynamo's
+    DDPOptimizer cuts the compiled graph at their edges, as a real model's 25 MB buckets do (tests/compiled_ranks.py,
+    aot_eager: dynamo and AOTAutograd as inductor receives them). Over 10 steps of varied spans: one graph, two with
+    GradCache (chunks of 2 spans with 2 MLM targets among them, which dynamo's duck sizing once made a graph of their
+    own), no graph break, never the recompile limit; the losses and every rank's weights those of eager DDP, bit for
+    bit."""
+    runs_ = {}
+    for compiled in (False, True):
+        out, kept = tmp_path / f"run-{compiled}", tmp_path / f"weights-{compiled}"
+        kept.mkdir()
+        args = run_args(docs, out, "--steps", "10", *extra, *(["--compile"] if compiled else []))
+        r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()),
+                                    str(ROOT / "tests" / "compiled_ranks.py"), *args),
+                           env={**os.environ, "RANK_WEIGHTS": str(kept), "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs_[compiled] = trace(out), [torch.load(kept / f"rank{k}.pt", weights_only=True) for k in (0, 1)]
+    (eager_trace, eager), (trace_, ranks) = runs_[False], runs_[True]
+    assert trace_ == eager_trace
+    for rank, ref in zip(ranks, eager, strict=True):
+        assert all(torch.equal(rank["weights"][n], w) for n, w in ref["weights"].items())
+        assert rank["graphs"] == (2 if extra else 1) and not rank["gave_up"] and rank["graph_breaks"] == 0, rank
+        assert rank["splits"] and min(rank["splits"]) > 1  # DDPOptimizer did cut the graph: the case under test
+        assert rank["optimize_ddp"] == "True"  # torch's default, which train.py keeps
+
+
+def test_compile_on_a_torch_that_recompiles_every_chunk_is_one_line(monkeypatch, capsys):
+    """torch 2.4's guards fail on every call of the compiled chunk (a graph a chunk, 56 in 10 steps, measured under
+    2.4.1): --compile there is refused before anything runs, with one line; 2.5 and later are let through."""
+    monkeypatch.setattr(torch, "__version__", "2.4.1+cu121")
+    with pytest.raises(SystemExit) as e:
+        T.main(["--data", "whatever", "--compile"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: --compile needs torch >= 2.5 (this is 2.4.1+cu121, whose compiler builds a graph for every chunk); "
+        "leave --compile out, or upgrade torch\n")
+    for version in ("2.5.1", "2.11.0+cu130", "2.13.0+cpu"):
+        monkeypatch.setattr(torch, "__version__", version)
+        device.check_compile()
+
+
 def cuda_alignment_backend(gm, example_inputs):
     """A dynamo backend that installs the one guard inductor adds on CUDA for the attention mask
     (torch/_inductor/lowering.py, sdpa_constraint's is_aligned: guard_or_false(Eq(Mod(size(-1), 8), 0))), then runs
@@ -329,6 +372,94 @@ def test_resume_runs_the_adamw_of_its_device(saved_fused, here_fused):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
 
 
+# --- the attention kernel, rows per batch, and the loop's one read a step -------------------------------------
+
+
+def test_every_forward_runs_in_the_attention_kernels_chosen_for_it(monkeypatch):
+    """torch's dispatcher picks cuDNN's attention first on some torch versions and GPUs (docs/gpu.md): every forward
+    (a training step, GradCache's two passes, embed.encode, evaluate's scoring) runs with cuDNN's kernel left out and
+    flash, memory-efficient and math allowed, read inside scaled_dot_product_attention itself; the flags are as they
+    were afterwards. A CPU has only flash and math, so it keeps its choice: the same bits as the dispatcher's."""
+    seen, real = [], torch.nn.functional.scaled_dot_product_attention
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
+             torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+
+    def spy(*args, **kwargs):
+        seen.append(tuple(f() for f in flags))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    enc, batch = tiny_encoder(), synthetic_batch(3, seed=5)
+    texts = ["a man plays a guitar", "a woman sings", "", "the cat " * 30]
+    model, tok = M.from_scratch("tiny", [" ".join(texts)] * 20)
+    for name, run in {"train_step": lambda: step_grads(enc, batch),
+                      "grad cache": lambda: step_grads(enc, batch, grad_cache=True, chunk_tokens=60),
+                      "embed": lambda: embed.encode(texts, model, tok),
+                      "evaluate": lambda: evaluate_sts.spearman_of(model, tok, (texts[:2], texts[2:], [1.0, 2.0]))
+                      }.items():
+        seen.clear()
+        run()
+        assert seen and set(seen) == {(False, True, True, True)}, name  # cuDNN's off; the others on
+        assert all(f() for f in flags)  # and back on after
+    x = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 2, 1, 1]])
+    mask = (x != 1).long()
+    model.eval()
+    for dtype in (None, torch.bfloat16):  # a CPU's kernels are the dispatcher's own: bit for bit
+        with torch.no_grad(), device.compute(dtype, torch.device("cpu")):
+            chosen = model(x, mask)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            default = model(x, mask)
+        assert torch.equal(chosen, default)
+
+
+def test_a_batch_holds_at_most_max_rows_whatever_the_token_budget(monkeypatch):
+    """70,000 empty lines (2 tokens each) with --batch-tokens 131072 would be batches of 65,536 rows, past the 65,535
+    blocks a GPU's fused attention kernels can put on a grid dimension: each batch holds at most MAX_ROWS rows, every
+    text is embedded once, as it is alone."""
+    assert embed.MAX_ROWS <= 65535
+    model, tok = M.from_scratch("tiny", ["alpha beta gamma"] * 20)
+    rows, real = [], model.forward
+
+    def forward(ids, *args, **kwargs):
+        rows.append(ids.shape[0])
+        return real(ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
+    texts = [""] * 70_000
+    out = embed.encode(texts, model, tok, batch_tokens=131072)
+    assert max(rows) == embed.MAX_ROWS and sum(rows) == len(texts) == len(out)
+    alone = embed.encode([""], model, tok)
+    np.testing.assert_allclose(out, np.repeat(alone, len(texts), axis=0), atol=1e-6)
+
+
+def test_the_loop_reads_each_steps_numbers_after_launching_the_next(tmp_path, docs, monkeypatch):
+    """On a GPU reading a step's losses waits for the GPU: the loop reads step k's once step k+1 is launched, except
+    where evaluation, a checkpoint or the last step needs step k's weights at once. What metrics.jsonl says of step k
+    is step k's own (each step's losses set here to its number)."""
+    from support import metrics
+
+    events, real_step, real_read = [], T.train_step, metrics.Figures.read
+
+    def train_step(*args, **kwargs):
+        events.append(("launch", sum(kind == "launch" for kind, _ in events) + 1))
+        stats = real_step(*args, **kwargs)
+        n = float(events[-1][1])
+        return {**stats, "contrastive": torch.tensor(n), "mlm": torch.tensor(10 * n)}
+
+    def read(self):
+        events.append(("read", self.step))
+        return real_read(self)
+
+    monkeypatch.setattr(T, "train_step", train_step)
+    monkeypatch.setattr(metrics.Figures, "read", read)
+    T.main(run_args(docs, tmp_path / "r", "--steps", "7", "--ckpt-every", "3"))
+    launch, read_ = ("launch",), ("read",)
+    want = [(*launch, 1), (*launch, 2), (*read_, 1), (*launch, 3), (*read_, 2), (*read_, 3),  # 3: a checkpoint
+            (*launch, 4), (*launch, 5), (*read_, 4), (*launch, 6), (*read_, 5), (*read_, 6), (*launch, 7), (*read_, 7)]
+    assert events == want
+    assert trace(tmp_path / "r") == [(k, float(k), 10.0 * k) for k in range(1, 8)]
+
+
 # --- embed.py and evaluate_sts.py --------------------------------------------------------------------------------
 
 
@@ -399,9 +530,14 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True,
                        timeout=1600, env={**os.environ, "OUT": str(tmp_path), "PATH": path})
     res = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert set(res["summary"]) == set("abcdefgh") | {"seconds"}
+    assert set(res["summary"]) == set("abcdefghij") | {"seconds"}
     assert sections_not_passed(res["summary"]) == {}, r.stdout[-3000:] + r.stderr[-2000:]
     assert res["h"]["status"].startswith("skipped")
+    # what a reader of a GPU's results looks for: i's figures for each attention path, j's against sentence-transformers
+    assert set(res["i"]["tokens_per_s"]) == set(res["i"]["mfu"]) == {"padded", "packed", "varlen"}
+    assert res["i"]["tokens_per_s"]["packed"] > 0 and res["i"]["tokens_per_s"]["varlen"] == "n/a (CUDA only)"
+    assert res["j"]["ratio_vs_sentence_transformers"] > 0 and res["j"]["min_cosine"] >= 0.999
+    assert res["e"]["tokens_per_s"] > 0 and res["e"]["timed_steps"] >= 3
     assert res["a"]["train_step_worst_relative_grad_diff"] == 0 and res["a"]["bf16_ok"]
     assert res["d"]["ddp_grad_cache_worst_relative_grad_diff"] < 1e-5 and res["d"]["gather_grad_vs_hand_worked"] < 1e-6
     assert any("scaled_dot_product" in k for k in res["f"]["attention_kernels"])
@@ -503,6 +639,63 @@ def test_the_gpu_checks_results_go_under_out_where_it_is_set(monkeypatch, tmp_pa
     assert gpu_check.arguments([]).json == str(ROOT / "runs" / "gpu_check.json")
     shell = (ROOT / "bench" / "gpu_check.sh").read_text()
     assert 'tee "$OUT/gpu_check.log"' in shell and "command -v python3" in shell
+
+
+def test_the_gpu_checks_peak_is_the_gpus_own_and_its_steps_are_timed_without_host_copies(monkeypatch):
+    """MFU divides by the named GPU's own dense bf16 peak (an H200 NVL is not an H200, nor an H100 PCIe an H100 SXM),
+    GPU_PEAK_FLOPS for one the table lacks; a section's step time covers train_step alone, the gradients' copy to the
+    host after it."""
+    gpu_check = bench_script("gpu_check")
+    check = object.__new__(gpu_check.Check)
+    check.dev = torch.device("cuda", 0)
+    monkeypatch.setenv("GPU_PEAK_FLOPS", "1e14")
+    for name, peak in (("NVIDIA H200", 989e12), ("NVIDIA H200 NVL", 835e12), ("NVIDIA H100 PCIe", 756e12),
+                       ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA RTX 6000 Ada Generation", 1e14)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        assert check.peak_flops() == peak, name
+    check.dev, check.cfg = torch.device("cpu"), T.TrainConfig(chunk_tokens=120)
+    inside, real = [], T.train_step
+    copies = []
+    monkeypatch.setattr(T, "train_step", lambda *a, **k: inside.append(1) or real(*a, **k))
+    monkeypatch.setattr(gpu_check, "grads", lambda enc: copies.append(len(timer.spans)) or {})
+    timer = gpu_check.Timer(check.dev)
+    gpu_check.step(check, tiny_encoder(), synthetic_batch(3, seed=2), timer)
+    assert inside == [1] and len(timer.spans) == 1 and copies == [1]  # the copy came after the timed span had closed
+
+
+def test_gpu_assets_carry_what_the_check_reads_within_what_travels(tmp_path):
+    """bench/gpu_assets.py: ../shared's model (in fp16, 45 MB), 16 books and STS-B dev, as ../shared lays them out,
+    with the repository under the 64 MiB the GPU machine takes; the check's scored model is the fp32 MiniLM again, its
+    weights within fp16's rounding of the original; an --out that exists is refused, untouched."""
+    import safetensors.torch
+
+    from conftest import SHARED, need
+
+    gpu_assets, gpu_check = bench_script("gpu_assets"), bench_script("gpu_check")
+    shared = SHARED
+    for path in gpu_assets.FILES.values():
+        need(shared / path)
+    size = gpu_assets.pack(shared, tmp_path / "a")
+    tracked = sum((ROOT / f).stat().st_size for f in subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split() if (ROOT / f).is_file())
+    assert size + tracked < 64 * 2**20
+    assert len(list((tmp_path / "a" / "data" / "corpus" / "gutenberg").glob("*.txt"))) == gpu_assets.BOOKS
+    check = object.__new__(gpu_check.Check)
+    check.scored, check.tmp = None, tmp_path / "check"
+    check.tmp.mkdir()
+    gpu_check.SHARED = tmp_path / "a"
+    folder, (a, b, gold), what = gpu_check.scored_model(check)
+    assert what == "all-MiniLM-L6-v2 on STS-B dev" and len(gold) == 1500
+    got, want = (safetensors.torch.load_file(f / "model.safetensors")
+                 for f in (folder, shared / gpu_assets.FILES["model"]))
+    assert got.keys() == want.keys() and all(got[k].dtype == want[k].dtype for k in want)
+    assert all(torch.allclose(got[k], want[k], rtol=1e-3, atol=1e-4) for k in want)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "mine.txt").write_text("kept")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_assets.py"), "--out", str(tmp_path / "b"),
+                        "--shared", str(shared)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().endswith("exists; remove it or name another --out")
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["mine.txt"]
 
 
 @pytest.mark.slow
