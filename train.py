@@ -356,8 +356,8 @@ def save_checkpoint(run: Run):
                  "processes": runs.layout(run.proc.world), "machines": run.machines}
         if run.scaler.is_enabled():
             state["scaler"] = run.scaler.state_dict()
-        runs.write_checkpoint(run.out, run.step, functools.partial(save_pretrained, run.encoder, run.tok), state,
-                              run.cfg.keep_ckpts)
+        run.latest_checkpoint = runs.write_checkpoint(run.out, run.step, functools.partial(
+            save_pretrained, run.encoder, run.tok), state, run.cfg.keep_ckpts)  # whole, whatever the others do next
     if run.proc.world > 1:
         dist.barrier()
     run.latest_checkpoint = runs.step_folder(run.out, run.step)  # each machine's last line names it

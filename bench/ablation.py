@@ -9,6 +9,7 @@ paired differences, beside its start and the lexical floor (the mean of random w
 
     python bench/ablation.py                                   # CPU: tiny scratch models, 3 seeds, all arms, ~1.7 h
     python bench/ablation.py --pretrain-steps 8000 --lr 5e-4   # CPU: stage 1 (24 min), then 27 runs of Fig. 3 (30 min)
+    python bench/ablation.py --pretrain-steps 8000 --lr 5e-4 --plot bench/ablation-pretrained.png   # the docs' figure
     python bench/ablation.py --arms both mlm-only contrastive-only --seeds 5
     python bench/ablation.py --model distilroberta-base --steps 3000 --max-span 512 --min-span 32 --lr 5e-5 \\
         --eval-every 500 --jobs 1 --data openwebtext/          # the paper's scale, on a GPU
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, sts_files  # noqa: E402
+from support.cli import bench  # noqa: E402
 from support.files import write_atomic  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
@@ -384,6 +386,7 @@ def stage1(ax, out: Path, before: float):
     sts.set_ylabel("STS-B dev Spearman x 100", color="tab:green")
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -413,8 +416,8 @@ def main():
     ap.add_argument("--max-span", type=int, default=128, help="l_max")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak lr (a scratch model needs more than the paper's 5e-5)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (on a CPU: its cores, one thread each)")
-    ap.add_argument("--plot", default=None, help="where the plot goes (default: bench/ablation.png, or "
-                    "bench/ablation-pretrained.png with --pretrain-steps)")
+    ap.add_argument("--plot", default=None, help="where the plot goes (default: OUT/ablation.png; the figures the "
+                    "docs show, bench/ablation*.png, change only when named here)")
     a = ap.parse_args()
     shared, staged = Path(a.shared), a.pretrain_steps > 0
     a.data = a.data or [str(shared / "data/corpus/gutenberg")]
@@ -424,7 +427,7 @@ def main():
     a.eval_every = a.eval_every or (100 if staged else 200)
     a.fractions = sorted(a.fractions)
     out = Path(a.out or ("runs/pretrained" if staged else "runs/ablation"))
-    plot_path = Path(a.plot or ROOT / "bench" / ("ablation-pretrained.png" if staged else "ablation.png"))
+    plot_path = Path(a.plot) if a.plot else out / "ablation.png"  # under --out: nothing committed is written over
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     documents = {}

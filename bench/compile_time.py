@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from support.cli import bench  # noqa: E402
 
 
 def one_case(width: int, layers: int, backend: str) -> dict:
@@ -62,6 +64,7 @@ def one_case(width: int, layers: int, backend: str) -> dict:
             "graphs": compiled_graphs()[0]}
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", nargs="+", default=["aot_eager", "inductor"])

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
 from support import embed_job, embedding  # noqa: E402
+from support.cli import bench  # noqa: E402
 from support.device import device_and_dtype, device_name  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
 
@@ -175,6 +176,7 @@ def killed(text: Path, model: Path, folder: Path, block: int):
     print(f"   all or nothing (the write before the job): 0 rows kept, {first:.1f} s lost")
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=3000)

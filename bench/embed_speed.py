@@ -31,6 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from evaluate_sts import spearman  # noqa: E402
+from support.cli import bench  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
 
 
@@ -182,6 +183,7 @@ def memory(a, d: Path):
               f"{shape[0] * shape[1] * 4 / 2**20:,.0f} MB on disk |")
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))

@@ -16,6 +16,9 @@ from pathlib import Path
 import safetensors.torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from support.cli import bench  # noqa: E402
+
 BOOKS = 16  # gpu_check.documents() takes the first 16 books, in name order
 FILES = {"model": Path("models/all-MiniLM-L6-v2"), "books": Path("data/corpus/gutenberg"),
          "stsb": Path("data/sts/stsbenchmark/sts-dev.csv")}
@@ -42,6 +45,7 @@ def pack(shared: Path, out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "gpu-assets"), help="a folder that does not exist yet")

@@ -803,6 +803,15 @@ def main():
         sys.exit("no GPU here: bash bench/gpu_check.sh --dry-run runs the check on the CPU")
     if unknown := set(args.sections) - set(SECTIONS):
         sys.exit(f"--sections {args.sections}: no section {', '.join(sorted(unknown))} (one of {''.join(SECTIONS)})")
+    # The JSON is written after every section: a --json that cannot be written is said now, not after setup
+    json_path, folder = Path(args.json), Path(args.json).parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if json_path.is_dir() or not existing.is_dir():
+        why = "is a folder" if json_path.is_dir() else f"{existing} is not a folder"
+        sys.exit(f"error: --json {json_path}: {why}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        sys.exit(f"error: --json {json_path}: cannot write into {folder}")
 
     def terminated(signum, frame):
         raise Terminated

@@ -31,6 +31,7 @@ import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
 from support import chunks  # noqa: E402
+from support.cli import bench  # noqa: E402
 
 GIB = 2**30
 
@@ -127,6 +128,7 @@ def estimate(shape: str, docs_per_gpu: int, gpus: int, grad_cache: bool, chunk_t
                 transients_gib=transients / GIB, peak_gib=(states + saved + transients) / GIB)
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", nargs="+", default=["distilroberta-base", "roberta-base"])

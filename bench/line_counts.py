@@ -10,9 +10,12 @@ constants); the module docstring and blank lines are counted apart.
 import argparse
 import ast
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from support.cli import bench  # noqa: E402
 
 # The method, by name: what a reader of the paper comes for. Kept as it was when the layout changed (issue 33), so
 # that before and after are counted alike, with the new names of the same things (issue 39: Packing, the Fig. 2
@@ -64,6 +67,7 @@ def count(text: str, method: set) -> dict:
     return {k: kind.count(k) for k in ("method", "machinery", "docstring", "blank")} | {"total": len(lines)}
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="", help="a git revision (default: the working tree)")

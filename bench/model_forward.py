@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
 from support import hub as H  # noqa: E402
+from support.cli import bench, optional  # noqa: E402
 from support.device import pad_rows  # noqa: E402
 
 
@@ -57,6 +58,7 @@ def compare(name, ours, theirs, batches, repeats):
     print(f"| {name} | {tokens / ta:,.0f} | {tokens / tb:,.0f} | {tb / ta:.2f} | {diff:.1e} |")
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -64,7 +66,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=1024)
     a = ap.parse_args()
-    import transformers
+    transformers = optional("transformers", "-r requirements-dev.txt")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     print("| model, batches | model.py tokens/s | transformers tokens/s | ratio | max abs diff |")

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import evaluate_sts  # noqa: E402
 import model  # noqa: E402
+from support.cli import bench, optional  # noqa: E402
 
 
 def mteb_scores(folder: str, stsb_dev: Path) -> dict:
@@ -29,11 +30,14 @@ def mteb_scores(folder: str, stsb_dev: Path) -> dict:
     return result.task_results[0].scores["test"][0]
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help="model folders")
     ap.add_argument("--stsb", default="../shared/data/sts/stsbenchmark", help="folder holding sts-dev.csv")
     a = ap.parse_args()
+    for module in ("mteb", "datasets", "sentence_transformers"):  # not requirements of this project
+        optional(module, module.replace("_", "-"))
     pairs = evaluate_sts.load_stsb_dev(a.stsb)
     print(f"{'model':40s}  {'MTEB Spearman':>13s}  {'ours':>6s}  {'MTEB Pearson':>12s}")
     for folder in a.models:

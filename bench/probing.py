@@ -45,6 +45,7 @@ import embed as E  # noqa: E402
 import evaluate_sts  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, sts_files  # noqa: E402
+from support.cli import UserError, bench  # noqa: E402
 
 ARMS = {"mlm-only": "MLM only", "contrastive-only": "contrastive only", "both": "DeCLUTR (both)"}
 COLUMNS = ["STS-B dev, cosine", "STS-B dev, supervised", "SentLen", "WC", "BShift"]
@@ -134,6 +135,7 @@ def table(scores: dict, seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
@@ -148,7 +150,10 @@ def main():
         subprocess.run([sys.executable, str(ROOT / "bench/ablation.py"), "--pretrain-steps", "8000", "--lr", "5e-4",
                         "--fractions", "100", "--hold-out", str(a.hold_out), "--out", str(out), "--seeds",
                         *map(str, a.seeds), "--plot", str(out / "ablation.png")], check=True)
-    print(f"training: {(time.time() - t0) / 60:.0f} minutes", flush=True)
+        print(f"training: {(time.time() - t0) / 60:.0f} minutes", flush=True)
+    if missing := [str(m) for m in models(out, a.seeds, shared / "models/all-MiniLM-L6-v2").values() if not m.is_dir()]:
+        raise UserError(f"--out {out}: no trained model at {missing[0]} ({len(missing)} missing); "
+                        f"run without --no-train to train them, or name the --out that holds them")
     held = ablation.held_out(books, a.hold_out)
     tasks = probing_tasks.build(held, seed=0)
     for name, task in tasks.items():

@@ -25,12 +25,16 @@ tagger is installed, and none can be downloaded.
 
     python bench/probing_tasks.py ../shared/data/corpus/gutenberg/Austen_*.txt    # the tasks' sizes and balance
 """
+import argparse
 import collections
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.cli import bench  # noqa: E402
 
 TOKEN = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")  # words (with their apostrophes) and punctuation marks, one each
 END = re.compile(r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]*[A-Z])")  # a sentence's end: a capital follows
@@ -171,6 +175,15 @@ def describe(name: str, task: dict) -> str:
     return f"{name}: " + ", ".join(parts)
 
 
-if __name__ == "__main__":
-    for name, task in build(sys.argv[1:]).items():
+@bench
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("books", nargs="+", help="Gutenberg books (.txt), as ../shared has them")
+    ap.add_argument("--seed", type=int, default=0, help="the draw of each class's sentences")
+    a = ap.parse_args()
+    for name, task in build(a.books, a.seed).items():
         print(describe(name, task))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 from support import hub as H  # noqa: E402
+from support.cli import bench  # noqa: E402
 from support.corpus import prepare_corpus  # noqa: E402
 
 
@@ -57,6 +58,7 @@ def train_step_seconds(shape, tok, batch):
     return time.perf_counter() - t
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))

@@ -253,3 +253,11 @@ def relatedness(train, dev, test, seed: int = SEED, classes: int = 5) -> dict:
     prediction = predict(X_test)
     return {"dev_pearson": 100 * best, "pearson": 100 * pearson(prediction, gold_test),
             "spearman": 100 * spearman(prediction, gold_test)}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="A library: bench/probing.py runs it "
+                            "(from senteval import probe, relatedness); nothing to run here.").parse_args()
+    print("bench/senteval.py: a library, which bench/probing.py runs; nothing to run here (--help says more)")

@@ -5,12 +5,16 @@ the paper's span lengths, a tiny encoder, the CPU.
 
     git worktree add /tmp/old 848ebc5 && python bench/spans_copies.py /tmp/old .
 """
+import argparse
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from support.cli import bench  # noqa: E402
+
 ONE_TREE = """
 import sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
@@ -30,8 +34,12 @@ print((time.perf_counter() - t) / 200 * 1e3)
 """
 
 
+@bench
 def main():
-    trees, times = sys.argv[1:3], {t: [] for t in sys.argv[1:3]}
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trees", nargs=2, help="two trees of this repository: before and after")
+    trees = ap.parse_args().trees
+    times = {t: [] for t in trees}
     for _ in range(4):  # alternating, so that both trees see the same machine
         for tree in trees:
             out = subprocess.run([sys.executable, "-c", ONE_TREE, str(Path(tree).resolve()), str(ROOT / "tests")],

@@ -14,6 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.cli import bench, optional  # noqa: E402
+
 
 def int8_config() -> str:
     """The instruction set sentence-transformers' int8 export is made for: the best this processor has."""
@@ -51,6 +54,7 @@ def encode(a):
     np.save(a.output, model.encode(lines).astype(np.float32))
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -63,6 +67,7 @@ def main():
     enc.add_argument("--bf16", action="store_true")
     enc.add_argument("--int8", action="store_true")
     a = ap.parse_args()
+    optional("sentence_transformers", "-r requirements-dev.txt, or bench/requirements-backends.txt")
     prepare(Path(a.model)) if a.cmd == "prepare" else encode(a)
 
 

@@ -26,6 +26,7 @@ import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 import train as T  # noqa: E402
 from support import hub as H  # noqa: E402
+from support.cli import bench, optional  # noqa: E402
 from support.corpus import prepare_corpus  # noqa: E402
 
 
@@ -40,13 +41,14 @@ def original_step(hf, batch, tau=0.05, P=2):
     (L.nt_xent(a, p.view(len(a), P, -1), tau) + out.loss).backward()
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
     ap.add_argument("--docs", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    import transformers
+    transformers = optional("transformers", "-r requirements-dev.txt")
     books = sorted((Path(a.shared) / "data/corpus/gutenberg").glob("*.txt"))[:8]
     tok = H.train_tokenizer((b.read_text(encoding="utf-8") for b in books[:2]), 8000)
     with tempfile.TemporaryDirectory() as d:

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from support.cli import bench  # noqa: E402
+
 ONE_TREE = """
 import json, sys, time
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
@@ -44,6 +47,7 @@ print(json.dumps(out))
 """
 
 
+@bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trees", nargs=2)

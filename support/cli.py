@@ -6,9 +6,11 @@ ranges checked before any work, and progress lines for the long phases.
 import argparse
 import contextlib
 import functools
+import importlib
 import math
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +47,35 @@ def cli(main):
     return wrapped
 
 
+def bench(main):
+    """A benchmark's main() (bench/): cli()'s one line for a UserError and Ctrl-C, and one line too for what a
+    benchmark checks less carefully than the scripts do before it starts: a path that is missing, not writable or a
+    folder where a file should be (an OSError), and a step it runs as a process of its own that failed (that process
+    has said why)."""
+
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        try:
+            return main()
+        except OSError as e:
+            if isinstance(e, (FileExistsError, NotADirectoryError)) and os.path.isfile(e.filename or ""):
+                raise UserError(f"{e.filename}: is a file, where a folder should be") from None
+            raise UserError(f"{e.filename}: {e.strerror}" if e.filename else str(e)) from None
+        except subprocess.CalledProcessError as e:
+            command = " ".join(str(c) for c in e.cmd[1:3]) if isinstance(e.cmd, list) else str(e.cmd)
+            raise UserError(f"{command} ... stopped with exit code {e.returncode} (its output says why)") from None
+
+    return cli(wrapped)
+
+
+def optional(module: str, install: str = ""):
+    """A package this project does not require, imported, or one line naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"this needs {module}, which is not installed: pip install {install or module}") from None
+
+
 def say(*args, every_rank: bool = False, every_machine: bool = False, **kwargs):
     """print, by rank 0 alone (every_machine: by the first process of each machine): under torchrun every rank runs
     the same code, and one speaks for them all. The one way anything here prints."""
@@ -56,10 +87,12 @@ def say(*args, every_rank: bool = False, every_machine: bool = False, **kwargs):
 # Flags: one per config field, its help and range given by flag(), its range checked before any work
 
 
-def flag(default, help: str, low=None, high=None, strict: bool = False, choices=None):
+def flag(default, help: str, low=None, high=None, strict: bool = False, choices=None, why: str = ""):
     """A config field and its flag: the default (`list`: an empty list), the flag's help, and the range its value must
-    lie in ([low, high], or (low, high) when strict; either end may be open) or the choices it must be one of."""
-    meta = {"help": help, "low": low, "high": high, "strict": strict} | ({"choices": list(choices)} if choices else {})
+    lie in ([low, high], or (low, high) when strict; either end may be open; `why`: what sets it, for the error) or the
+    choices it must be one of."""
+    meta = {"help": help, "low": low, "high": high, "strict": strict, "why": why} | (
+        {"choices": list(choices)} if choices else {})
     return field(default_factory=list, metadata=meta) if default is list else field(default=default, metadata=meta)
 
 
@@ -160,7 +193,8 @@ def _check_range(f, value):
         want = (f"less than {high}" if strict else f"at most {high}") + finite
     else:
         want = "a finite number"
-    raise UserError(f"--{f.name.replace('_', '-')} {value}: must be {want}", code=2)
+    why = f" ({f.metadata['why']})" if f.metadata.get("why") else ""
+    raise UserError(f"--{f.name.replace('_', '-')} {value}: must be {want}{why}", code=2)
 
 
 # -----------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from support.cli import Progress, UserError, say
-from support.files import files_under, remove_stale_temporaries, writable_cache, write_atomic
+from support.files import files_under, path_kind, remove_stale_temporaries, writable_cache, write_atomic
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 
@@ -28,12 +28,17 @@ SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 def list_files(paths) -> list[Path]:
     files = []
     for p in map(Path, paths):
-        if p.is_dir():
+        kind = path_kind(p)
+        if kind == "folder":
             files += [f for f in files_under(p) if f.name.endswith(SUFFIXES)]
-        elif p.is_file():
+        elif kind == "file":
             files.append(p)
-        else:
+        elif kind == "missing":
             raise UserError(f"{p}: no such file or directory")
+        else:  # a pipe (<(zcat docs.jsonl.gz)), /dev/null: read once, and with no name to tell its format by
+            raise UserError(f"{p}: is a {kind}, not a file of documents; documents are .txt or .jsonl files (maybe "
+                            f".gz: `--data docs.jsonl.gz` reads it as it is) or folders of them, each read more than "
+                            f"once: save it to a file first")
     if not files:
         raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
     return files

@@ -62,12 +62,19 @@ def prefetched(items, work):
 # Device and precision
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share, not the machine's). More
+    threads than these only wait on each other, and an absurd count (100,000) crashes OpenMP."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @dataclass
 class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embeddings embed.py writes
     dtype: str = flag("auto", "auto: bf16 if the GPU/CPU has it; else GPU fp16, CPU fp32",
                       choices=("auto", "fp32", "bf16", "fp16"))
     device: str = flag("auto", "auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...")
-    threads: int = flag(0, "torch CPU threads; 0: the cores free when it starts (as train.py's)", low=0)
+    threads: int = flag(0, "torch CPU threads; 0: the cores free when it starts (as train.py's)", low=0,
+                        high=usable_cpus(), why="the CPUs this process may use")
 
 
 def cpu_has_bf16() -> bool:

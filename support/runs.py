@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from support.cli import UserError, first_line, flag, say
-from support.device import device_name
+from support.device import device_name, usable_cpus
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
 
@@ -44,7 +44,8 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     ckpt_every: int = flag(500, "steps between checkpoints", low=1)
     keep_ckpts: int = flag(2, "the newest checkpoints kept", low=1)
     workers: int = flag(2, "DataLoader worker processes per rank", low=0)
-    threads: int = flag(0, "torch CPU threads per rank; 0: its share of the cores free when it starts", low=0)
+    threads: int = flag(0, "torch CPU threads per rank; 0: its share of the cores free when it starts", low=0,
+                        high=usable_cpus(), why="the CPUs this process may use")
     ddp_timeout: int = flag(1800, "seconds a collective waits for the other ranks before the job stops",
                             low=1, high=604800)
     tensorboard: bool = flag(False, "metrics.jsonl's numbers also as TensorBoard events in out/tensorboard")

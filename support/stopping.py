@@ -47,6 +47,12 @@ def lifetime():
         yield life
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
         raise stopped(life.run, isinstance(e, Terminated)) from None
+    except RuntimeError as e:  # a collective outside a step (setup, the last barrier) whose peer is gone
+        if not peer_gone(e):
+            raise
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise UserError(f"rank {rank}: another rank stopped ({first_line(e)}); last checkpoint: "
+                        f"{last_checkpoint(life.run) if life.run else 'none yet'}", alone=True) from None
     finally:
         if life.run is not None:  # its workers ended now, in a bounded time, and DDP let go of (below)
             life.run.close()
@@ -87,11 +93,17 @@ def failures_are_one_line(run):
                         f"rank): pass {fix} (the same gradient, less memory), or give each GPU fewer "
                         f"documents (more GPUs, or a smaller --docs-per-step); last checkpoint: "
                         f"{last_checkpoint(run)}", alone=True) from None
-    except RuntimeError as e:  # NCCL's errors are DistErrors; gloo's plain RuntimeErrors that name gloo's source
-        if run.proc.world == 1 or not (isinstance(e, dist.DistError) or "gloo" in str(e)):
+    except RuntimeError as e:
+        if run.proc.world == 1 or not peer_gone(e):
             raise
-        raise UserError(f"rank {run.proc.rank}: another rank stopped during step {run.step + 1} ({first_line(e)}); "
+        raise UserError(f"rank {run.proc.rank}: another rank stopped after step {run.step} ({first_line(e)}); "
                         f"last checkpoint: {last_checkpoint(run)}", alone=True) from None
+
+
+def peer_gone(e: RuntimeError) -> bool:
+    """Whether a collective failed because another rank is gone: NCCL's errors are DistErrors, gloo's plain
+    RuntimeErrors that name gloo's source."""
+    return dist.is_available() and (isinstance(e, dist.DistError) or "gloo" in str(e))
 
 
 def check_finite(run, loss: float, step: int):

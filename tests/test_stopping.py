@@ -3,6 +3,7 @@ group), kill -9 as the out-of-memory killer sends it (to one process), a rank ki
 workers included (the demo's batches, about 85 KB each, fill the workers' pipe, where a worker that is not ended
 properly hangs). After each, no process of the run is left. Also: a run's CPU thread count is part of it."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -181,7 +182,7 @@ def test_a_rank_killed_under_torchrun_stops_the_others_at_once(tmp_path, cache, 
     ours = out.ours()
     assert len(ours) == 1, ours
     seconds, line = ours[0]
-    assert line.startswith("error: rank 0: another rank stopped during step ") and "Connection" in line, line
+    assert line.startswith("error: rank 0: another rank stopped after step ") and "Connection" in line, line
     assert seconds < 10, f"{seconds:.1f} s: {line}"  # the reset, not the 20 s timeout
     assert gone_within(ranks["1"], 5) == [] and gone_within(ranks["0"], 5) == []
 
@@ -217,3 +218,32 @@ def test_a_resumed_run_keeps_its_thread_count(tmp_path, docs, monkeypatch, capsy
     assert [e for e in err if "--threads" in e] == [
         "warning: --threads 1: the run trained with 2 CPU thread(s) per rank, and its steps from here differ from the "
         "run's own in the last digits (sums in another order); pass --threads 2 to continue it exactly"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["step", "agreement", "checkpoint", "evaluation", "end"])
+def test_a_rank_killed_in_any_collective_is_one_line_from_the_other(tmp_path, docs, sessions, point, monkeypatch):
+    """kill -9 of rank 1 under torchrun, wherever rank 0 then waits for it (tests/die_at.py): in the step's
+    all-reduces, the SIGTERM agreement, the barrier after a checkpoint, after an evaluation, the last barrier. Rank 0
+    says one line of ours, "another rank stopped", no traceback of ours; torchrun exits non-zero; nothing is left
+    running; the checkpoint written before is whole."""
+    sts = tmp_path / "sts"
+    sts.mkdir()
+    words = "the cat sat on a mat while dogs ran in parks".split()
+    (sts / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{k}\t{k % 5}\t{' '.join(words[k % 5:])}\t"
+                                             f"{' '.join(words[:k % 7 + 2])}\n" for k in range(12)))
+    args = run_args(docs, tmp_path / "r", "--steps", "4", "--ckpt-every", "2" if point == "checkpoint" else "100",
+                    *(["--eval-data", str(sts), "--eval-every", "2"] if point == "evaluation" else []))
+    monkeypatch.setenv("DIE_AT", point)
+    p = start(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "tests" / "die_at.py"),
+                       *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sessions(p.pid)
+    out = p.communicate(timeout=180)[0]
+    ours = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert p.returncode != 0 and len(ours) == 1, out[-4000:]
+    assert ours[0].startswith("error: rank 0: another rank stopped") and "last checkpoint: " in ours[0], ours
+    assert not re.search(rf'File "{ROOT}/((support|tests)/)?\w+\.py"', out), out[-4000:]  # no frame of ours
+    assert gone_within(p.pid, 30) == []
+    if point == "checkpoint":
+        [ckpt] = runs.checkpoints(tmp_path / "r")
+        assert runs.read_train_state(ckpt)["step"] == 2 and ckpt.name in ours[0]

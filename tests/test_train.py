@@ -725,7 +725,7 @@ def test_torchrun_stopped_is_one_line_of_ours(tmp_path, docs, reap, how):
     ours = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and not re.search(rf'File "{ROOT}/\w+\.py"', out), out[-4000:]  # no frame of ours
     if how == "one rank killed":
-        assert ours[0].startswith("error: rank 0: another rank stopped during step ") and "Connection" in ours[0]
+        assert ours[0].startswith("error: rank 0: another rank stopped after step ") and "Connection" in ours[0]
         assert "ChildFailedError" in out
         return
     [ckpt] = runs.checkpoints(tmp_path / "t")

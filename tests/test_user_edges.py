@@ -209,3 +209,36 @@ def test_the_reference_quotes_the_replanned_lr_the_demo_prints():
     assert quoted.groups() == tuple(f"{x:.2e}" for x in by_hand) == ("4.62e-04", "3.30e-05")
     cfg = T.TrainConfig(lr=1e-3)
     assert (T.lr_at(600, 1000, cfg), T.lr_at(599, 600, cfg)) == pytest.approx(by_hand)
+
+
+# --- round seven ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ["train.py", "embed.py", "evaluate_sts.py"])
+def test_threads_this_machine_cannot_give_are_one_line(tmp_path, tiny, script):
+    """--threads 100000 made OpenMP crash (exit 139, no message): every script that takes --threads refuses more than
+    the CPUs it may use, in one line, before any work; nothing is written."""
+    import os
+
+    (tmp_path / "t.txt").write_text("a text\n")
+    args = {"train.py": ["--data", str(tmp_path / "t.txt"), "--out", str(tmp_path / "run")],
+            "embed.py": ["--model", str(tiny), str(tmp_path / "t.txt"), "--output", str(tmp_path / "e.npy")],
+            "evaluate_sts.py": ["--model", str(tiny), "--data", str(tmp_path)]}[script]
+    r = subprocess.run([sys.executable, str(ROOT / script), *args, "--threads", "100000"], capture_output=True,
+                       text=True, timeout=120)
+    cpus = len(os.sched_getaffinity(0))
+    assert r.returncode == 2 and r.stderr == (f"error: --threads 100000: must be between 0 and {cpus} (the CPUs this "
+                                              f"process may use)\n"), r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+@pytest.mark.parametrize("data", ["/dev/null", "<(printf 'a document')"])
+def test_data_that_is_not_a_file_says_what_it_is(tmp_path, data):
+    """--data /dev/null and --data <(zcat docs.jsonl.gz) said "no such file": train.py names what they are and what to
+    do instead, in one line."""
+    r = subprocess.run(["bash", "-c", f"{sys.executable} {ROOT / 'train.py'} --model scratch:tiny --data {data} "
+                                      f"--out {tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+    kind = "character device" if data == "/dev/null" else "pipe"
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f": is a {kind}, not a file of documents;" in r.stderr and "save it to a file first" in r.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,83 @@
+"""The benchmarks as a new user meets them (round seven): every script in bench/ answers --help; one without its
+optional package, or given an --out that holds nothing or is a file, says so in one line; a benchmark writes under
+its --out, and a figure the docs show changes only when its path is named."""
+import hashlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+
+
+def run(*args, blocked: str = "", cwd=ROOT, timeout=120):
+    """A real process: python bench/..., with `blocked` packages made unimportable (as if not installed)."""
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    if blocked:
+        env["PYTHONPATH"] = str(ROOT / "tests" / "blocked")
+        env["BLOCKED_MODULES"] = blocked
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
+def one_line(r) -> str:
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    return line
+
+
+@pytest.mark.parametrize("script", BENCH)
+def test_every_bench_script_answers_help(script):
+    r = run(ROOT / "bench" / script, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: ") and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script, args, blocked, install", [
+    ("mteb_stsb.py", ["runs/demo/model"], "mteb", "pip install mteb"),
+    ("model_forward.py", [], "transformers", "pip install -r requirements-dev.txt"),
+    ("train_step.py", [], "transformers", "pip install -r requirements-dev.txt"),
+    ("st_encode.py", ["prepare", "some-model"], "sentence_transformers", "pip install -r requirements-dev.txt"),
+])
+def test_a_benchmark_without_its_optional_package_names_what_to_install(script, args, blocked, install):
+    line = one_line(run(ROOT / "bench" / script, *args, blocked=blocked))
+    assert line.startswith(f"error: this needs {blocked}, which is not installed: {install}"), line
+
+
+def test_probing_with_nothing_trained_in_its_out_is_one_line(tmp_path):
+    from conftest import SHARED, need
+
+    need(SHARED / "data" / "corpus" / "gutenberg")
+    line = one_line(run(ROOT / "bench" / "probing.py", "--no-train", "--out", tmp_path, "--shared", SHARED))
+    assert line.startswith(f"error: --out {tmp_path}: no trained model at {tmp_path / 'pretrain' / 'model'}")
+    assert "run without --no-train" in line and list(tmp_path.iterdir()) == []
+
+
+def test_ablation_plots_under_its_out_and_writes_over_no_committed_figure(tmp_path, docs):
+    """A small ablation (one arm, one seed, 4 steps: seconds): its plot is --out's, the figures the docs show are
+    byte for byte what git has; an --out that is a file is one line."""
+    figures = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "bench").glob("*.png")}
+    words = "the cat sat on a mat while dogs ran in parks".split()
+    (tmp_path / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{k}\t{k % 5}\t{' '.join(words[k % 5:])}\t"
+                                                  f"{' '.join(words[:k % 7 + 2])}\n" for k in range(12)))
+    common = ["--data", docs, "--stsb", tmp_path / "sts-dev.csv", "--sick", tmp_path / "none", "--seeds", "0",
+              "--arms", "both", "--steps", "4", "--eval-every", "2", "--jobs", "1", "--docs-per-step", "4",
+              "--min-span", "8", "--max-span", "32"]
+    r = run(ROOT / "bench" / "ablation.py", *common, "--out", tmp_path / "out", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "out" / "ablation.png").stat().st_size > 0 and (tmp_path / "out" / "ablation.md").exists()
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "bench").glob("*.png")} == figures
+    (tmp_path / "a-file").write_text("mine")
+    line = one_line(run(ROOT / "bench" / "ablation.py", *common, "--out", tmp_path / "a-file"))
+    assert line == f"error: {tmp_path / 'a-file'}: is a file, where a folder should be"
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_the_gpu_checks_json_that_cannot_be_written_is_one_line_before_setup(tmp_path):
+    (tmp_path / "a-file").write_text("mine")
+    for where, why in ((tmp_path / "a-file" / "r.json", f"{tmp_path / 'a-file'} is not a folder"),
+                       (tmp_path, "is a folder")):
+        r = run(ROOT / "bench" / "gpu_check.py", "--dry-run", "--json", where)
+        assert r.returncode == 1 and r.stderr == f"error: --json {where}: {why}\n", r.stderr[-2000:]
+    assert (tmp_path / "a-file").read_text() == "mine"
