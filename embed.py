@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model import load_pretrained, mean_pool
+from model import Packing, load_pretrained, mean_pool
 from support import embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
 from support.device import OnDevice, compute, cpu_threads, device_and_dtype, to_device
@@ -123,9 +123,9 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     with embedding.eval_mode(model), compute(dtype, device):
         # Longest first, in batches of similar length: little compute goes to padding
         for rows, T in length_batches(pieces, budget, width, model.config.max_tokens):
-            # The batch padded to T, and where its real tokens are (None: it has no padding; model.Packing)
+            # The batch padded to T, and where its real tokens are, worked out on the host (None: it has no padding)
             ids, mask, positions = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
-            h = model(ids, None if positions is None else mask, positions)  # (rows, T, H)
+            h = model(ids, mask, Packing(*ids.shape, positions, mask))  # (rows, T, H)
             # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
             out.index_copy_(0, to_device(rows, device), mean_pool(h.float(), mask))
             finished(rows)

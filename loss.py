@@ -27,7 +27,7 @@ def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float =
         positives = positives.mean(dim=1)  # (M, d)
     # Many processes: every rank's embeddings join the batch, so every one of them is a negative everywhere
     anchors, positives = gather(anchors), gather(positives)
-    m = anchors.shape[0]
+    M = anchors.shape[0]
     # Cosine similarity of every pair of the 2M embeddings, divided by tau. In fp32 even under bf16 autocast:
     # cosines divided by 0.05 need more than bf16's three significant digits.
     with torch.autocast(anchors.device.type, enabled=False):
@@ -35,10 +35,10 @@ def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float =
         z = F.normalize(z.to(torch.promote_types(z.dtype, torch.float32)), dim=-1)  # (2M, d) unit rows
         sim = z @ z.T / temperature  # (2M, 2M); a small tau sharpens the softmax so hard negatives dominate
     # An embedding is never its own negative: leave the diagonal out of every denominator
-    sim = sim.masked_fill(torch.eye(2 * m, dtype=torch.bool, device=sim.device), float("-inf"))
-    # Row i's target is its partner: anchor i -> positive i (column m + i), and positive i -> anchor i. Made on the
+    sim = sim.masked_fill(torch.eye(2 * M, dtype=torch.bool, device=sim.device), float("-inf"))
+    # Row i's target is its partner: anchor i -> positive i (column M + i), and positive i -> anchor i. Made on the
     # device itself: a copy from the host would make the host wait for the GPU.
-    targets = torch.arange(2 * m, device=sim.device).roll(m)  # m, ..., 2m - 1, 0, ..., m - 1
+    targets = torch.arange(2 * M, device=sim.device).roll(M)  # M, ..., 2M - 1, 0, ..., M - 1
     # Cross-entropy over each row is l(i, j) above; its mean runs over the 2M terms, both directions
     return F.cross_entropy(sim, targets)
 

@@ -21,9 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support import hub
+from support import demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
+from support.device import compiled
 from support.files import check_out_folder, make_dirs, write_atomic, write_json
 
 
@@ -97,16 +98,24 @@ class Embeddings(nn.Module):
 
 
 class Packing:
-    """The real tokens of a (B, T) batch padded on the right, as one (N, H) list. Spans of 32-512 tokens batched
-    together are often half padding (§3.1's lengths): every token-wise matmul runs on the N real tokens only, and
-    padding exists only inside attention. A batch without padding is left as it is, and attends without a mask."""
+    """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers run on. Spans of
+    32-512 tokens batched together are often half padding (§3.1's lengths): every token-wise matmul runs on the real
+    tokens only (and on a few padding places more where a caller rounds N up: embed.py in bf16 on a CPU), and padding
+    exists only inside attention, masked there. positions None: a batch without padding, left as it is and attending
+    without a mask."""
 
-    def __init__(self, B: int, T: int, attention_mask=None, positions=None):
+    def __init__(self, B: int, T: int, positions=None, attention_mask=None):
         self.B, self.T = B, T
-        if positions is None and attention_mask is not None and not bool(attention_mask.all()):
-            positions = attention_mask.flatten().nonzero().squeeze(1)
-        self.positions = positions  # (N,) the real tokens' flat places in (B*T), or None: all of them
-        self.keys = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
+        self.positions = positions  # (N,) flat places in (B*T), or None: all of them
+        self.key_mask = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
+
+    @classmethod
+    def of(cls, B: int, T: int, attention_mask=None):
+        """The real tokens, found from the mask. On a GPU, nonzero() makes the host wait for all the GPU was given:
+        callers that know the lengths (train.py's chunks, embed.py's batches) work the places out on the host."""
+        if attention_mask is None or bool(attention_mask.all()):
+            return cls(B, T)
+        return cls(B, T, attention_mask.flatten().nonzero().squeeze(1), attention_mask)
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...)"""
@@ -134,7 +143,7 @@ class SelfAttention(nn.Module):
         B, T, H = packing.B, packing.T, x.shape[-1]
         qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.keys,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.key_mask,
                                            dropout_p=self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
@@ -168,6 +177,8 @@ class MLMHead(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers' RobertaLMHead);
+        # BERT's applies hidden_act
         self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
@@ -185,11 +196,10 @@ class Encoder(nn.Module):
         self.mlm = MLMHead(c)
         self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
 
-    def forward(self, input_ids, attention_mask=None, positions=None):
+    def forward(self, input_ids, attention_mask=None, packing: Packing | None = None):
         """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). Every token-wise layer
-        runs on the real tokens only (Packing); positions, their flat places, may come from a caller who knows the
-        lengths: found here instead, on a GPU, they would make the host wait for the GPU to finish all it was given."""
-        packing = Packing(*input_ids.shape, attention_mask, positions)
+        runs on the real tokens only: `packing` says where they are, found from the mask where it is not given."""
+        packing = packing or Packing.of(*input_ids.shape, attention_mask)
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
             x = layer(x, packing)
@@ -218,6 +228,42 @@ def mean_pool(hidden, attention_mask):
     """§3.1: the span embedding is the mean of its token states over the attention mask."""
     m = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+# -----------------------------------------------------------------------------------------------
+# A training step's spans, chunk by chunk (train.py): the encoder, the pooling and the MLM head in one forward
+
+
+def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
+    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
+    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
+    h = encoder(ids, mask, Packing(*ids.shape, positions, mask))  # (g, T, H)
+    # §3.1: a span's embedding is the mean of its token states
+    emb = mean_pool(h, mask).float()  # (g, H)
+    if masked_at is None:
+        return emb, emb.new_zeros(())
+    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
+    logits = encoder.mlm_logits(h.flatten(0, 1)[masked_at])  # (K, V)
+    return emb, F.cross_entropy(logits.float(), masked_ids, reduction="sum")
+
+
+class ChunkedEncoder(nn.Module):
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
+    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+
+    def __init__(self, encoder, compile: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.chunk_forward = compiled(chunk_forward) if compile else chunk_forward
+
+    def forward(self, chunks, unsort=None, mlm_weight=None):
+        """(S, H) embeddings, in the batch's order where `unsort` gives it, and the MLM loss: each chunk's sum times
+        mlm_weight (None: no MLM head at all)."""
+        outs = [self.chunk_forward(self.encoder, *(c if mlm_weight is not None else c._replace(masked_at=None)))
+                for c in chunks]
+        emb = torch.cat([e for e, _ in outs])
+        mlm = sum(m * mlm_weight for _, m in outs) if mlm_weight is not None else None
+        return (emb if unsort is None else emb[unsort]), mlm
 
 
 # -----------------------------------------------------------------------------------------------
@@ -321,43 +367,17 @@ def save_pretrained(model: Encoder, tok, out: str | Path):
         (out / "2_Normalize").mkdir(exist_ok=True)  # sentence-transformers loads the module from its (empty) folder
 
 
-# Named random-init shapes for pretraining from scratch (vocab is the size the BPE tokenizer is trained to).
-SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-SHAPES = {name: dict(zip(SHAPE_FIELDS, values, strict=True)) for name, values in {
-    "tiny": (64, 2, 2, 256, 4096),  # trains in seconds on a CPU
-    "small": (256, 4, 4, 1024, 16384),
-    "distilroberta-base": (768, 6, 12, 3072, 50265),
-    "roberta-base": (768, 12, 12, 3072, 50265)}.items()}
-
-
-def scratch_name(model: str) -> str | None:
-    """The shape of --model scratch:SHAPE (a random-init encoder), or None for a pretrained model."""
-    return model.removeprefix("scratch:") if model.startswith("scratch:") else None
-
-
-def scratch_shape(name: str, flag: str = "") -> dict:
-    """The named shape's sizes (SHAPES), or one line naming the shapes there are."""
-    if name not in SHAPES:
-        raise UserError(f"{flag}{name}: unknown shape (one of {', '.join(SHAPES)})", code=2)
-    return SHAPES[name]
-
-
 def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_embeddings: int = 514) -> Encoder:
-    """A random-init RoBERTa of a named shape (SHAPES) for a tokenizer of `vocab_size` tokens."""
-    sizes = {k: v for k, v in scratch_shape(shape).items() if k != "vocab_size"}
+    """A random-init RoBERTa of a named shape (support/demo.py's SHAPES) for a tokenizer of `vocab_size` tokens."""
+    sizes = {k: v for k, v in demo.scratch_shape(shape).items() if k != "vocab_size"}
     model = Encoder(ModelConfig(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, **sizes))
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 
 
-def scratch_tokenizer(shape: str, texts, quiet: bool = True):
-    """A byte-level BPE of the named shape's vocabulary size, trained on `texts` (an iterable of str)."""
-    return hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
-
-
 def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet: bool = True):
-    """(random-init encoder, byte-level BPE trained on `texts`): scratch_tokenizer, then scratch_encoder for it."""
-    tok = scratch_tokenizer(shape, texts, quiet)
+    """(random-init encoder, byte-level BPE trained on `texts`): the demo's tokenizer, then scratch_encoder for it."""
+    tok = demo.scratch_tokenizer(shape, texts, quiet)
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
 
@@ -367,7 +387,7 @@ def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int 
 
 @cli
 def main(argv=None):
-    args = model_commands(__doc__.split("\n\n")[0], list(SHAPES)).parse_args(argv)
+    args = model_commands(__doc__.split("\n\n")[0], list(demo.SHAPES)).parse_args(argv)
     if args.cmd == "info":
         model, _ = load_pretrained(args.model)
         c, n = model.config, sum(p.numel() for p in model.parameters())

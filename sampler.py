@@ -15,18 +15,16 @@ tokens and sampling never tokenises. Every batch is a pure function of (seed, ep
     python sampler.py --model runs/demo/model --data ~/.cache/declutr/demo-corpus     # after `python train.py`
     python sampler.py --help                                                          # every flag and default
 """
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from model import load_config_and_tokenizer
-from support.cli import UserError, cli, flag, parse_config, say
-from support.corpus import Corpus, prepare_corpus
+from support.cli import UserError, cli, flag, parse_config
+from support.corpus import Corpus, check_usable, prepare_corpus
 from support.device import pad_rows
 from support.hub import special_ids
-from support.workers import prefetched_batches
 
 
 @dataclass
@@ -56,44 +54,45 @@ class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends
 # Sampling: the method itself, as pure functions.
 
 
-def span_length(rng: np.random.Generator, a: float, b: float, min_len: int, max_len: int) -> int:
-    return int(rng.beta(a, b) * (max_len - min_len) + min_len)
+def span_length(rng: np.random.Generator, alpha: float, beta: float, min_span: int, max_span: int) -> int:
+    """§3.2: floor(p * (l_max - l_min) + l_min), p ~ Beta(alpha, beta)."""
+    return int(rng.beta(alpha, beta) * (max_span - min_span) + min_span)
 
 
-def sample_spans(n_tokens, num_anchors, num_positives, min_len, max_len, rng, view="all"):
+def sample_spans(n_tokens, num_anchors, num_positives, min_span, max_span, rng, view="all"):
     """One ((anchor_start, anchor_end), [(positive_start, positive_end), ...]) per anchor; half-open token positions
     in the document."""
-    if n_tokens < 2 * num_anchors * max_len or min_len > max_len:  # the original's rule, n >= 2·A·l_max
-        raise ValueError(f"{n_tokens} tokens: {num_anchors} anchors of up to {max_len} tokens need at least "
-                         f"{2 * num_anchors * max_len} (num_anchors * max_span * 2)")
+    if n_tokens < 2 * num_anchors * max_span or min_span > max_span:  # the original's rule, n >= 2·A·l_max
+        raise ValueError(f"{n_tokens} tokens: {num_anchors} anchors of up to {max_span} tokens need at least "
+                         f"{2 * num_anchors * max_span} (num_anchors * max_span * 2)")
     # Each anchor lies inside its own block of l_max tokens, and no two anchors' blocks are neighbours. A positive
     # reaches at most l_max tokens past its anchor, so it can never overlap another anchor: the document's other
     # anchors stay true (hard) negatives.
     # Choosing A non-neighbouring blocks out of `blocks` is choosing A distinct numbers out of blocks - (A - 1) and
     # adding 0, 1, ..., A-1 to them in sorted order (one gap after each pick). The two are in one-to-one
     # correspondence, so a uniform draw of the numbers is a uniform draw over every valid placement.
-    blocks = n_tokens // max_len
+    blocks = n_tokens // max_span
     picks = np.sort(rng.choice(blocks - (num_anchors - 1), size=num_anchors, replace=False)) + np.arange(num_anchors)
     out = []
     for block in picks:
         # §3.2: the anchor's length is floor(p * (l_max - l_min) + l_min) with p ~ Beta(4, 2): anchors skew long
-        anchor_len = span_length(rng, 4, 2, min_len, max_len)
+        anchor_len = span_length(rng, 4, 2, min_span, max_span)
         # Its start: anywhere in its block that leaves room for the whole anchor
-        anchor_start = int(block) * max_len + int(rng.integers(0, max_len - anchor_len + 1))
-        positives = [positive_span(rng, anchor_start, anchor_len, n_tokens, min_len, max_len, view)
+        anchor_start = int(block) * max_span + int(rng.integers(0, max_span - anchor_len + 1))
+        positives = [positive_span(rng, anchor_start, anchor_len, n_tokens, min_span, max_span, view)
                      for _ in range(num_positives)]
         out.append(((anchor_start, anchor_start + anchor_len), positives))
     return out
 
 
-def positive_span(rng, anchor_start: int, anchor_len: int, n_tokens: int, min_len: int, max_len: int,
+def positive_span(rng, anchor_start: int, anchor_len: int, n_tokens: int, min_span: int, max_span: int,
                   view: str = "all") -> tuple[int, int]:
     """(start, end) of one positive of the anchor [anchor_start, anchor_start + anchor_len). §3.2: anywhere it
     adjoins its anchor, overlaps it or lies inside it; --positive-view restricts this to one of Fig. 2's views."""
     if view != "all":
-        return POSITIVE_VIEWS[view](rng, anchor_start, anchor_len, n_tokens, min_len, max_len)
+        return POSITIVE_VIEWS[view](rng, anchor_start, anchor_len, n_tokens, min_span, max_span)
     # §3.2: its length is floor(q * (l_max - l_min) + l_min) with q ~ Beta(2, 4): positives skew short
-    positive_len = span_length(rng, 2, 4, min_len, max_len)
+    positive_len = span_length(rng, 2, 4, min_span, max_span)
     # Its start: uniform over every start at which it adjoins the anchor (ending where the anchor starts, or starting
     # where it ends), overlaps it, or lies inside it, within the document
     lowest, highest = max(0, anchor_start - positive_len), min(anchor_start + anchor_len, n_tokens - positive_len)
@@ -103,25 +102,25 @@ def positive_span(rng, anchor_start: int, anchor_len: int, n_tokens: int, min_le
 
 # Fig. 2's views, the paper's ablation of where a positive lies (--positive-view), each as in the original
 
-def subsumed(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+def subsumed(rng, anchor_start, anchor_len, n_tokens, min_span, max_span):
     """Inside its anchor, and no longer than it."""
-    positive_len = span_length(rng, 2, 4, min(min_len, anchor_len), anchor_len)
+    positive_len = span_length(rng, 2, 4, min(min_span, anchor_len), anchor_len)
     positive_start = int(rng.integers(anchor_start, anchor_start + anchor_len - positive_len + 1))
     return positive_start, positive_start + positive_len
 
 
-def adjacent(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+def adjacent(rng, anchor_start, anchor_len, n_tokens, min_span, max_span):
     """Ending where the anchor starts or starting where it ends, no longer than the room on the longer side."""
     room = max(anchor_start, n_tokens - anchor_start - anchor_len)
-    positive_len = span_length(rng, 2, 4, min_len, max(min_len, min(max_len, room)))
+    positive_len = span_length(rng, 2, 4, min_span, max(min_span, min(max_span, room)))
     sides = [s for s in (anchor_start - positive_len, anchor_start + anchor_len) if 0 <= s <= n_tokens - positive_len]
     positive_start = int(sides[rng.integers(len(sides))])
     return positive_start, positive_start + positive_len
 
 
-def overlapping(rng, anchor_start, anchor_len, n_tokens, min_len, max_len):
+def overlapping(rng, anchor_start, anchor_len, n_tokens, min_span, max_span):
     """Sharing text with its anchor without lying inside it: a start in one range before the anchor's, or one after."""
-    positive_len = span_length(rng, 2, 4, max(2, min_len), max(2, max_len))  # 1 token: inside, or sharing nothing
+    positive_len = span_length(rng, 2, 4, max(2, min_span), max(2, max_span))  # 1 token: inside, or sharing nothing
     anchor_end = anchor_start + anchor_len
     before = range(max(0, anchor_start - positive_len + 1), min(anchor_start, n_tokens - positive_len + 1))
     after = range(max(anchor_start, anchor_end - positive_len + 1), min(anchor_end, n_tokens - positive_len + 1))
@@ -135,8 +134,11 @@ POSITIVE_VIEWS = {"overlap": overlapping, "adjacent": adjacent, "subsumed": subs
 
 def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
     """BERT's MLM corruption: choose p of the eligible tokens; of those 80% <mask>, 10% random, 10% kept."""
+    # One uniform draw a token chooses it with probability p (so the count varies, as BERT's does)
     chosen = eligible & (rng.random(ids.shape) < p)
     labels = np.where(chosen, ids, -100)
+    # A second splits the chosen 80/10/10; a random token is any but the special ones (the original draws from the
+    # whole vocabulary, <pad> and <mask> included: docs/differences.md)
     r = rng.random(ids.shape)
     inputs = np.where(chosen & (r < 0.8), mask_id, ids)
     swap = chosen & (r >= 0.8) & (r < 0.9)
@@ -159,34 +161,14 @@ class SpanBatches(torch.utils.data.Dataset):
         # l_max counts the span inside <s> ... </s>: lowered, if need be, to fit the model's positions with them
         self.max_span = min(cfg.max_span, max_tokens - 2)
         # The original's rule: a document of n tokens gives A anchors in non-neighbouring blocks of l_max when
-        # n >= 2·A·l_max; --scale-short-docs takes shorter ones too, their l_max lowered to n / 2A (see max_len)
-        floor = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)
-        self.docs = np.flatnonzero(corpus.lengths >= floor)
+        # n >= 2·A·l_max; --scale-short-docs takes shorter ones too, their l_max lowered to n / 2A (max_span_of)
+        shortest = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)
+        self.docs = np.flatnonzero(corpus.lengths >= shortest)
         self.steps_per_epoch = len(self.docs) // world_size // max(1, self.per_rank)
-        self.check_usable(floor, max_tokens)
+        check_usable(self, shortest, max_tokens, SamplerConfig.max_span)  # one line if it cannot, or what it takes
         self._shard = (None, None)
 
-    def check_usable(self, floor: int, max_tokens: int):
-        """One line for documents it cannot use (none, none long enough, too few for a step), or for what it uses;
-        a --max-span lowered to fit the model's positions is said, unless it is the paper's (its 512 counts the span
-        inside <s> ... </s>)."""
-        cfg, corpus, usable = self.cfg, self.corpus, len(self.docs)
-        if self.max_span < cfg.max_span != SamplerConfig.max_span:
-            say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
-                f"using {self.max_span}", file=sys.stderr)
-        if len(corpus) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
-            raise UserError(f"no documents in the data: {corpus.meta['summary']}")
-        if usable == 0:
-            raise UserError(f"no document has the {floor:,} tokens that {cfg.num_anchors} anchors need (2·A·l_max); "
-                            f"the longest has {int(corpus.lengths.max(initial=0)):,}. Lower --max-span or pass "
-                            f"--scale-short-docs")
-        if self.per_rank == 0 or self.steps_per_epoch == 0:
-            raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
-                            f"{self.world} ranks")
-        say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {floor:,} "
-            f"tokens; {self.steps_per_epoch:,} steps per epoch", file=sys.stderr)
-
-    def max_len(self, n: int) -> int:
+    def max_span_of(self, n: int) -> int:
         """l_max for a document of n tokens: the run's, or n / 2A for a short one under --scale-short-docs."""
         return min(self.max_span, n // (2 * self.cfg.num_anchors))
 
@@ -204,9 +186,9 @@ class SpanBatches(torch.utils.data.Dataset):
         anchors, positives, a_doc = [], [], []
         for d in self.shard(epoch)[i * self.per_rank:(i + 1) * self.per_rank]:
             start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
-            max_len, toks = self.max_len(n), self.corpus.tokens
-            for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_len),
-                                              max_len, rng, cfg.positive_view):
+            max_span, toks = self.max_span_of(n), self.corpus.tokens
+            for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_span),
+                                              max_span, rng, cfg.positive_view):
                 anchors.append(toks[start + a0:start + a1])
                 positives += [toks[start + p0:start + p1] for p0, p1 in pos]
                 a_doc.append(d)  # for `python sampler.py`, which names each anchor's document
@@ -221,12 +203,6 @@ class SpanBatches(torch.utils.data.Dataset):
         return dict(anchors=t(a_ids), anchor_lengths=t(a_mask.sum(1)), positives=t(p_ids),
                     positive_lengths=t(p_mask.sum(1)), mlm_inputs=t(mlm_inputs), mlm_labels=t(mlm_labels),
                     anchor_doc=t(np.asarray(a_doc, dtype=np.int64)))
-
-
-def make_loader(batches: SpanBatches, start_step: int, stop_step: int, workers: int):
-    """Batches for global steps [start_step, stop_step): resuming at step k needs nothing of steps before k. Made ahead
-    by `workers` processes (support/workers.py), which the run closes when it ends."""
-    return prefetched_batches(batches, range(start_step, stop_step), workers)
 
 
 @dataclass

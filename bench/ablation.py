@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
-from support import corpus, sts_files  # noqa: E402
+from support import corpus, demo, sts_files  # noqa: E402
 from support.cli import bench  # noqa: E402
 from support.files import write_atomic  # noqa: E402
 
@@ -93,7 +93,7 @@ def initial_models(a, out: Path) -> dict[int, str]:
     inits = {s: out / f"init-seed{s}" for s in a.seeds}
     if all((d / "model.safetensors").exists() for d in inits.values()):
         return inits
-    tok = M.scratch_tokenizer(a.shape, corpus.document_texts(a.data))
+    tok = demo.scratch_tokenizer(a.shape, corpus.document_texts(a.data))
     for s, d in inits.items():
         M.save_pretrained(M.scratch_encoder(a.shape, tok.get_vocab_size(), seed=s), tok, d)
     return inits
@@ -401,7 +401,7 @@ def main():
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="one initial model and batches each")
     ap.add_argument("--model", default=None, help="start every arm from this pretrained encoder (a hub id or a "
                     "folder) instead of a scratch model")
-    ap.add_argument("--shape", default="tiny", choices=list(M.SHAPES), help="scratch shape (without --model)")
+    ap.add_argument("--shape", default="tiny", choices=list(demo.SHAPES), help="scratch shape (without --model)")
     ap.add_argument("--steps", type=int, default=1200, help="optimiser steps per arm (from scratch)")
     ap.add_argument("--pretrain-steps", type=int, default=0, help="stage 1's MLM steps; 0: arms start from scratch")
     ap.add_argument("--pretrain-lr", type=float, default=1e-3, help="stage 1's peak lr")

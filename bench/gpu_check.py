@@ -91,7 +91,7 @@ class Check:
         self.shape = "tiny" if dry else "distilroberta-base"
         # The model's vocabulary is the shape's (RoBERTa's 50,265 on a GPU) whatever the BPE reaches on the documents
         # (Python's docstrings give about 16,000): the MLM head, its memory and its FLOPs are distilroberta-base's
-        self.vocab = model.SHAPES[self.shape]["vocab_size"]
+        self.vocab = demo.SHAPES[self.shape]["vocab_size"]
         self.docs_per_step, self.max_span = (4, 64) if dry else (16, 510)
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
         self.docs = documents(self.tmp / "docs", 12 if dry else 16)
@@ -105,7 +105,7 @@ class Check:
 
     def encoder(self, dropout: bool = False, seed: int = 0, layers: int = 0, shape: str = ""):
         """A random-init encoder of the check's shape or `shape` (layers: fewer than it has), on the device."""
-        sizes = {**model.scratch_shape(shape or self.shape), "vocab_size": self.vocab,
+        sizes = {**demo.scratch_shape(shape or self.shape), "vocab_size": self.vocab,
                  **({"num_hidden_layers": layers} if layers else {})}
         enc = model.Encoder(model.ModelConfig(**sizes))
         enc.init_weights(torch.Generator().manual_seed(seed))
@@ -208,7 +208,7 @@ def step(check: Check, enc, batch, timer: "Timer | None" = None, **overrides) ->
     """train_step on one batch (timed by `timer` alone: the gradients are copied to the host after it)."""
     enc.zero_grad(set_to_none=True)
     cfg = check.config(**overrides)
-    chunked = train.ChunkedEncoder(enc, compile=cfg.compile)
+    chunked = model.ChunkedEncoder(enc, compile=cfg.compile)
     with timer() if timer else contextlib.nullcontext():
         stats = train.train_step(chunked, batch, cfg)
     return {"loss": float(stats["contrastive"] + stats["mlm"]), "grads": grads(enc)}
@@ -352,7 +352,7 @@ def ddp(check: Check):
                 ref = step(check, enc, batch, grad_cache=grad_cache_on, **same)
                 enc.zero_grad(set_to_none=True)
                 cfg = check.config(grad_cache=grad_cache_on, **same)
-                chunks = processes.data_parallel(train.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
+                chunks = processes.data_parallel(model.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
                 train.train_step(chunks, batch, cfg, world=1)
                 check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                      worst_relative(grads(enc), ref["grads"])})
@@ -471,9 +471,9 @@ def attention_kernel(check: Check):
     if check.dev.type == "cuda":
         activity.append(torch.profiler.ProfilerActivity.CUDA)
     enc, batch, cfg = check.encoder(dropout=True), check.batches[0], check.config(dtype="auto")
-    train.train_step(train.ChunkedEncoder(enc), batch, cfg)  # a first step: what it sets up once is not profiled
+    train.train_step(model.ChunkedEncoder(enc), batch, cfg)  # a first step: what it sets up once is not profiled
     with torch.profiler.profile(activities=activity) as prof:
-        train.train_step(train.ChunkedEncoder(enc), batch, cfg)
+        train.train_step(model.ChunkedEncoder(enc), batch, cfg)
         check.sync()
     training = attention_ops(prof)
     _, dtype = device_and_dtype(str(check.dev), "auto")
@@ -561,7 +561,7 @@ def varlen_forward(self, x, packing):
     anywhere. It has no attention dropout."""
     from torch.nn.attention.varlen import varlen_attn
 
-    B, T, H, mask = packing.B, packing.T, x.shape[-1], packing.keys
+    B, T, H, mask = packing.B, packing.T, x.shape[-1], packing.key_mask
     lengths = mask.view(B, T).sum(1) if mask is not None else torch.full((B,), T, device=x.device)
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()
     q, k, v = self.qkv(x).view(-1, 3, self.n_head, H // self.n_head).unbind(1)  # 3 x (N, nh, hd)
@@ -572,8 +572,8 @@ def varlen_forward(self, x, packing):
 class Padded(model.Packing):
     """Every token-wise layer on the whole padded (B, T) batch, as transformers runs an encoder: attention masked."""
 
-    def __init__(self, B, T, attention_mask=None, positions=None):
-        super().__init__(B, T, attention_mask, positions)
+    def __init__(self, B, T, positions=None, attention_mask=None):
+        super().__init__(B, T, positions, attention_mask)
         self.positions = None
 
 
@@ -595,12 +595,12 @@ def attention_path(path: str):
 def run_steps(enc, batches, cfg, timer: Timer, optimizer=None) -> list:
     """train_step on each batch (and AdamW's step, if given), each timed by `timer`; nothing copied to the host inside.
     Returns the losses, on the device."""
-    chunked, losses = train.ChunkedEncoder(enc), []
+    chunked, losses = model.ChunkedEncoder(enc), []
     for batch in batches:
         with timer():
             stats = train.train_step(chunked, batch, cfg)
             if optimizer is not None:
-                train.optimizer_step(optimizer, train.DISABLED, enc, cfg.max_grad_norm)
+                train.optimizer_step(optimizer, train.NO_SCALING, enc, cfg.max_grad_norm)
         enc.zero_grad(set_to_none=True)
         losses.append(stats["contrastive"] + stats["mlm"])
     return losses
@@ -650,7 +650,7 @@ def paper_setting(check: Check):
             continue
         with attention_path(path):
             enc = check.encoder(dropout=True, shape=shape)
-            optimizer = train.make_optimizer(enc, cfg, fused=check.dev.type == "cuda")
+            optimizer = train.make_optimizer(enc, cfg.lr, cfg.weight_decay, fused=check.dev.type == "cuda")
             if check.dev.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(check.dev)

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
-from support import chunks  # noqa: E402
+from conftest import step_chunks  # noqa: E402
+from support import chunks, demo  # noqa: E402
 from support.cli import bench  # noqa: E402
 
 GIB = 2**30
@@ -86,14 +87,14 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
     groups = chunks.length_groups  # a GPU's chunks: one per --chunk-tokens budget, whatever the spread of lengths
     chunks.length_groups = lambda lengths, budget, spread: groups(lengths, budget, spread=0.0)
     try:
-        spans = train.Spans(batch, cfg, encoder)
+        spans = step_chunks(batch, encoder, cfg)
     finally:
         chunks.length_groups = groups
     heads = encoder.config.num_attention_heads
     per_chunk = []
     for chunk in spans.chunks:
         with SavedBytes(chunk.ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
-            train.chunk_forward(encoder, *chunk)
+            model.chunk_forward(encoder, *chunk)
         per_chunk.append((sum(saved.storages.values()), saved.largest))
     if grad_cache:
         return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)
@@ -101,7 +102,7 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
 
 
 def encoder_of(shape: str, layers: int):
-    sizes = {k: v for k, v in model.scratch_shape(shape).items() if k != "num_hidden_layers"}
+    sizes = {k: v for k, v in demo.scratch_shape(shape).items() if k != "num_hidden_layers"}
     encoder = model.Encoder(model.ModelConfig(**sizes, num_hidden_layers=layers, attention_probs_dropout_prob=0.0))
     encoder.init_weights(torch.Generator().manual_seed(0))
     return encoder.train()
@@ -112,7 +113,7 @@ def estimate(shape: str, docs_per_gpu: int, gpus: int, grad_cache: bool, chunk_t
     memory-efficient kernel keeps, not the math path's (T, T) probabilities and masks (a GPU's kernels replay their
     dropout from the RNG state). The layers are alike, so what a step saves is a + layers x b: measured with none and
     with (at most) six layers, and carried on to the model's depth, in a CPU's memory."""
-    layers = model.scratch_shape(shape)["num_hidden_layers"]
+    layers = demo.scratch_shape(shape)["num_hidden_layers"]
     cfg = train.TrainConfig(chunk_tokens=chunk_tokens, grad_cache=grad_cache)
     batch = span_batch(docs_per_gpu, 50265, seed)
     measured = min(layers, 6)

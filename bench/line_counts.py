@@ -22,9 +22,10 @@ from support.cli import bench  # noqa: E402
 # views, mlm_mean_weight); a name not found in a file counts nothing.
 METHOD = {
     "sampler": {"SamplerConfig", "span_length", "sample_spans", "positive_span", "mask_tokens", "SpanBatches",
-                "make_loader", "subsumed", "adjacent", "overlapping", "POSITIVE_VIEWS"},
+                "subsumed", "adjacent", "overlapping", "POSITIVE_VIEWS"},
     "model": {"ModelConfig", "ACTIVATIONS", "GELU_TANH", "Embeddings", "SelfAttention", "FeedForward", "Layer",
-              "MLMHead", "Encoder", "mean_pool", "nonpad_positions", "hf_key_map", "Packing"},
+              "MLMHead", "Encoder", "mean_pool", "nonpad_positions", "hf_key_map", "Packing", "chunk_forward",
+              "ChunkedEncoder"},
     "loss": {"nt_xent", "gather", "_Gather"},
     "train": {"TrainConfig", "train_step", "contrastive_loss", "mlm_scale", "scaled", "step_stats", "chunk_forward",
               "mlm_mean_weight",

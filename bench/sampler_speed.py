@@ -17,9 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import model as M  # noqa: E402
 import sampler as S  # noqa: E402
+from support import demo  # noqa: E402
 from support import hub as H  # noqa: E402
 from support.cli import bench  # noqa: E402
 from support.corpus import prepare_corpus  # noqa: E402
+from support.workers import prefetched_batches  # noqa: E402
 
 
 def mask_of(ids, lengths):
@@ -42,7 +44,7 @@ def prep_vs_encode_batch(name, tok, books):
 def train_step_seconds(shape, tok, batch):
     """Forward and backward of anchors (with MLM on the masked copy) and positives, as train.py's step does."""
     torch.manual_seed(0)
-    s = dict(M.SHAPES[shape])
+    s = dict(demo.SHAPES[shape])
     s.pop("vocab_size")
     model = M.Encoder(M.ModelConfig(vocab_size=tok.get_vocab_size(), **s))
     model.init_weights(torch.Generator().manual_seed(0))
@@ -85,7 +87,7 @@ def main():
             sb[s]
         one = steps / (time.perf_counter() - t)
         t = time.perf_counter()
-        n = sum(1 for _ in S.make_loader(sb, 0, steps, workers=2))
+        n = sum(1 for _ in prefetched_batches(sb, range(0, steps), 2))
         loader = n / (time.perf_counter() - t)
         batch = sb[0]
         tokens = int(batch["anchor_lengths"].sum() + batch["positive_lengths"].sum())

@@ -244,3 +244,24 @@ def _batches(texts, max_chars: int):
             batch, chars = [], 0
     if batch:
         yield batch
+
+
+def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
+    """sampler.SpanBatches' documents: one line for what it cannot use (none, none long enough, too few for a step),
+    or for what it uses; a --max-span lowered to fit the model's positions is said, unless it is the paper's 512
+    (which counts the span inside <s> ... </s>)."""
+    cfg, corpus, usable = batches.cfg, batches.corpus, len(batches.docs)
+    if batches.max_span < cfg.max_span != paper_max_span:
+        say(f"sampler: max_span {cfg.max_span} + 2 special tokens exceeds the model's {max_tokens} positions; "
+            f"using {batches.max_span}", file=sys.stderr)
+    if len(corpus) == 0:  # every file empty, binary or malformed: nothing to sample from, whatever the spans
+        raise UserError(f"no documents in the data: {corpus.meta['summary']}")
+    if usable == 0:
+        raise UserError(f"no document has the {shortest:,} tokens that {cfg.num_anchors} anchors need (2·A·l_max); "
+                        f"the longest has {int(corpus.lengths.max(initial=0)):,}. Lower --max-span or pass "
+                        f"--scale-short-docs")
+    if batches.per_rank == 0 or batches.steps_per_epoch == 0:
+        raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
+                        f"{batches.world} ranks")
+    say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {shortest:,} "
+        f"tokens; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)

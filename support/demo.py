@@ -1,12 +1,17 @@
 """
 support/demo.py: `python train.py` with no --data, a demo that needs nothing but Python: a tiny model from scratch
 on the documentation every Python installation carries, with settings that train it in a minute or two on a CPU.
+And what a model from scratch is (--model scratch:SHAPE): the named shapes and their byte-level BPE.
 """
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from support.cli import Progress, say
+from tokenizers import Tokenizer
+
+from support import hub
+from support.cli import Progress, UserError, say
+from support.corpus import document_texts
 from support.files import cache_dir, writable_cache, write_atomic
 from support.processes import Process, made_once
 
@@ -56,3 +61,40 @@ def demo_corpus(cache: str) -> Path:
     write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
     progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
     return root
+
+
+# Named random-init shapes for pretraining from scratch (vocab is the size the BPE tokenizer is trained to).
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+SHAPES = {name: dict(zip(SHAPE_FIELDS, values, strict=True)) for name, values in {
+    "tiny": (64, 2, 2, 256, 4096),  # trains in seconds on a CPU
+    "small": (256, 4, 4, 1024, 16384),
+    "distilroberta-base": (768, 6, 12, 3072, 50265),
+    "roberta-base": (768, 12, 12, 3072, 50265)}.items()}
+
+
+def scratch_name(model: str) -> str | None:
+    """The shape of --model scratch:SHAPE (a random-init encoder), or None for a pretrained model."""
+    return model.removeprefix("scratch:") if model.startswith("scratch:") else None
+
+
+def scratch_shape(name: str, flag: str = "") -> dict:
+    """The named shape's sizes (SHAPES), or one line naming the shapes there are."""
+    if name not in SHAPES:
+        raise UserError(f"{flag}{name}: unknown shape (one of {', '.join(SHAPES)})", code=2)
+    return SHAPES[name]
+
+
+def scratch_tokenizer(shape: str, texts, quiet: bool = True):
+    """A byte-level BPE of the named shape's vocabulary size, trained on `texts` (an iterable of str)."""
+    return hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
+
+
+def scratch_model(cfg, proc: Process, make_encoder):
+    """(encoder, tokenizer) of --model scratch:SHAPE: a BPE of the shape's vocabulary trained on the run's own
+    documents by rank 0 (the others take it from there), and make_encoder(shape, vocab_size, seed)
+    (model.scratch_encoder) for it."""
+    shape = scratch_name(cfg.model)
+    bpe = made_once(proc, "tokenizer", lambda: scratch_tokenizer(
+        shape, document_texts(cfg.data, clean=not cfg.keep_whitespace), quiet=False).to_str())
+    tok = Tokenizer.from_str(bpe)
+    return make_encoder(shape, tok.get_vocab_size(), cfg.seed), tok

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed
 
 from support.cli import UserError, say
 from support.runs import last_checkpoint
@@ -89,6 +90,15 @@ class Log:
         if self.board:
             self.board.close()
         self.board = None
+
+
+def step_losses(contrastive, mlm, tokens: int, world: int, with_mlm: bool) -> dict:
+    """A step's losses for the log, left on the device (the run reads them once the next step is on its way):
+    contrastive (the same on every rank) and MLM averaged over the ranks, and this rank's tokens."""
+    mlm_log = mlm.detach() / world if with_mlm else torch.zeros((), device=contrastive.device)
+    if world > 1:
+        torch.distributed.all_reduce(mlm_log)
+    return dict(tokens=tokens, contrastive=contrastive.detach(), mlm=mlm_log)
 
 
 class Figures:

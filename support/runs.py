@@ -27,9 +27,23 @@ from pathlib import Path
 import torch
 
 from support.cli import UserError, first_line, flag, say
-from support.device import device_name, usable_cpus
+from support.demo import demo_config
+from support.device import check_compile, device_name, usable_cpus
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
+
+
+@dataclass
+class StepConfig:  # train.py's flags for how a step runs: the same gradient, in less time or memory
+    dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
+                      choices=("auto", "fp32", "bf16", "fp16"))
+    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded tokens", low=1)
+    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk by chunk")
+    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the MLM head")
+
+    def validate(self):
+        if self.compile:
+            check_compile()
 
 
 @dataclass
@@ -203,10 +217,13 @@ def restarted() -> bool:
 
 
 def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
-    """(the run's configuration, its folder, the checkpoint it continues from or None). Deletes nothing. Rank 0
+    """(the run's configuration, its folder, the checkpoint it continues from or None): the demo's settings without
+    --data, and torch's CPU threads set (run_threads). Deletes nothing. Rank 0
     decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
     from its own --out, or the whole run stops before its first step, every rank with the same line. load_model(path)
     -> (encoder, tokenizer); resumable: the fields a resume may take from the command line."""
+    if not cfg.data and not cfg.resume:
+        cfg = demo_config(cfg, given, proc)
     restart, resume_from = restarted(), None
 
     def decide() -> str:
@@ -234,6 +251,7 @@ def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
     cfg = resumed_config(cfg, given, resume_from, resumable) if resume_from else cfg
     if cfg.docs_per_step % proc.world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {proc.world} ranks", code=2)
+    cfg = replace(cfg, threads=run_threads(cfg, "threads" in given, resume_from, proc))  # stored with the run
     return cfg, out, resume_from
 
 

@@ -1,6 +1,6 @@
 """
 support/workers.py: the DataLoader worker processes that prepare a run's batches ahead of its steps, made so that
-they can never outlive the run nor keep it from ending, however it ends. sampler.make_loader calls it; a reader of
+they can never outlive the run nor keep it from ending, however it ends. support/training.py calls it; a reader of
 the method can skip it.
 
 A worker is a fork of the training process, so it holds copies of everything that process had open: the run

@@ -204,3 +204,18 @@ def half_batch(batch, rank, world, A=2, P=2):
         per = A * P if key.startswith("positive") else A
         out[key] = v[rank * k * per:(rank + 1) * k * per]
     return out
+
+
+def step_chunks(batch, encoder, cfg=None, multiple=None):
+    """A step's spans cut into chunks as train.train_step cuts them (support/chunks.py's Chunks)."""
+    import train as T
+    from support.chunks import Chunks
+    from support.device import autocast_dtype
+
+    cfg = cfg or T.TrainConfig()
+    dev, n, P = next(encoder.parameters()).device, len(batch["anchors"]), cfg.num_positives if cfg.contrastive else 0
+    anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
+    groups = [(anchors, batch["anchor_lengths"]), (batch["positives"][:n * P], batch["positive_lengths"][:n * P])]
+    return Chunks(groups, batch["mlm_labels"] if cfg.mlm else None, cfg.chunk_tokens, dev,
+                  autocast_dtype(cfg.dtype, dev), encoder.config.pad_token_id, **({"multiple": multiple} if multiple
+                                                                                  else {}))

@@ -17,7 +17,7 @@ import embed
 import evaluate_sts
 import model as M
 import train as T
-from conftest import ROOT, bench_script, synthetic_batch, tiny_encoder
+from conftest import ROOT, bench_script, step_chunks, synthetic_batch, tiny_encoder
 from support import device, processes, runs
 from support.chunks import length_groups
 from support.cli import UserError
@@ -163,7 +163,7 @@ def test_fp16_step_and_its_loss_scaler_on_a_cpu():
     batch, cfg = synthetic_batch(4, seed=6), T.TrainConfig(dtype="fp16", chunk_tokens=120)
     fp32 = step_grads(tiny_encoder(), batch, chunk_tokens=120)
     model = tiny_encoder()
-    opt = T.make_optimizer(model, cfg, fused=False)
+    opt = T.make_optimizer(model, cfg.lr, cfg.weight_decay, fused=False)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     T.train_step(T.ChunkedEncoder(model), batch, cfg, scaler=scaler)
     scaler.unscale_(opt)
@@ -246,13 +246,13 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
         compiled = T.ChunkedEncoder(tiny_encoder(), compile=True)
         for seed in range(3):  # padded anchors; positives all of one length, so unpadded and without an anchor
             batch = synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 4))
-            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder)
+            spans = step_chunks(batch, compiled.encoder)
             for chunk in spans.chunks:
-                ids, mask, positions, mlm_at, targets = chunk
+                ids, mask, positions, masked_at, targets = chunk
                 if old_inputs:
                     positions = None if mask.all() else positions
-                    mlm_at, targets = (mlm_at, targets) if (targets != -100).any() else (None, None)
-                compiled.chunk_forward(compiled.encoder, ids, mask, positions, mlm_at, targets)
+                    masked_at, targets = (masked_at, targets) if (targets != -100).any() else (None, None)
+                compiled.chunk_forward(compiled.encoder, ids, mask, positions, masked_at, targets)
         assert (device.compiled_graphs()[0] > 1) == old_inputs
 
 
@@ -326,8 +326,8 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
     batches = [synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 20)) for seed in range(4)]
     for batch in batches[:2]:
         plain = step_grads(tiny_encoder(), batch)
-        monkeypatch.setattr(T.Spans.__init__, "__defaults__", (8,))  # Spans(..., multiple=8), as on a GPU
-        assert T.Spans(batch, T.TrainConfig(), tiny_encoder()).chunks[0][0].shape[1] % 8 == 0
+        monkeypatch.setattr(T.Chunks.__init__, "__defaults__", (8,))  # Chunks(..., multiple=8), as on a GPU
+        assert step_chunks(batch, tiny_encoder()).chunks[0][0].shape[1] % 8 == 0
         assert_same(step_grads(tiny_encoder(), batch), plain, atol=1e-6)
         monkeypatch.undo()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=cuda_alignment_backend))
@@ -338,7 +338,7 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
         compiled = T.ChunkedEncoder(tiny_encoder(), compile=True)
         widths = set()
         for batch in batches:
-            spans = T.Spans(batch, T.TrainConfig(), compiled.encoder, multiple=multiple)
+            spans = step_chunks(batch, compiled.encoder, multiple=multiple)
             for chunk in spans.chunks:
                 widths.add(chunk.ids.shape[1] % 8)
                 compiled([chunk])
@@ -356,13 +356,13 @@ def test_resume_runs_the_adamw_of_its_device(saved_fused, here_fused):
     `fused` flag does not come back with the state (fused AdamW runs on CPUs too, so both ways are tried here)."""
     cfg, batch = T.TrainConfig(), synthetic_batch(4, seed=9)
     model = tiny_encoder()
-    saved = T.make_optimizer(model, cfg, fused=saved_fused)
+    saved = T.make_optimizer(model, cfg.lr, cfg.weight_decay, fused=saved_fused)
     step_grads(model, batch)
     saved.step()
     state = copy_module.deepcopy(saved.state_dict())  # as it comes back from train_state.pt: not shared with `saved`
     copy = tiny_encoder()
     copy.load_state_dict(model.state_dict())
-    here = T.make_optimizer(copy, cfg, fused=here_fused)
+    here = T.make_optimizer(copy, cfg.lr, cfg.weight_decay, fused=here_fused)
     runs.load_optimizer(here, state)
     assert all(bool(g["fused"]) == here_fused for g in here.param_groups)
     for opt, m in ((saved, model), (here, copy)):  # and the next step is the same with either
@@ -493,21 +493,21 @@ def test_the_host_side_plan_matches_the_device_side_way():
     """Each chunk's non-pad positions and MLM targets, worked out on the host from the lengths, equal what
     nonzero() over the mask and the labels would find on the device; on a GPU the chunks follow the budget alone."""
     batch, cfg = synthetic_batch(6, seed=11), T.TrainConfig(chunk_tokens=200)
-    spans = T.Spans(batch, cfg, tiny_encoder())
+    spans = step_chunks(batch, tiny_encoder(), cfg)
     assert sum(len(g) for g in spans.rows) == len(spans.lengths) > len(spans.rows) > 1
     width = max(batch["anchors"].shape[1], batch["positives"].shape[1])
     rows = torch.cat([torch.nn.functional.pad(batch[k], (0, width - batch[k].shape[1]), value=1)
                       for k in ("mlm_inputs", "positives")])  # every span padded to the longest (pad id 1)
     labels = torch.cat([batch["mlm_labels"], torch.full((len(batch["positives"]), batch["mlm_labels"].shape[1]), -100)])
-    for group, (ids, mask, positions, mlm_at, mlm_targets) in zip(spans.rows, spans.chunks, strict=True):
+    for group, (ids, mask, positions, masked_at, masked_ids) in zip(spans.rows, spans.chunks, strict=True):
         T_k = ids.shape[1]
         assert torch.equal(positions, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
         assert torch.equal(ids, rows[group, :T_k])  # its spans, anchors MLM-corrupted
         chunk_labels = torch.nn.functional.pad(labels, (0, max(0, T_k - labels.shape[1])), value=-100)[group, :T_k]
         picked = (chunk_labels != -100).flatten().nonzero().squeeze(1)
-        kept = mlm_targets != -100  # at least two targets a chunk, the added ones ignored (one graph under --compile)
-        assert len(mlm_at) == max(2, len(picked)) and int(kept.sum()) == len(picked)
-        assert torch.equal(mlm_at[kept], picked) and torch.equal(mlm_targets[kept], chunk_labels.flatten()[picked])
+        kept = masked_ids != -100  # at least two targets a chunk, the added ones ignored (one graph under --compile)
+        assert len(masked_at) == max(2, len(picked)) and int(kept.sum()) == len(picked)
+        assert torch.equal(masked_at[kept], picked) and torch.equal(masked_ids[kept], chunk_labels.flatten()[picked])
     assert spans.n_masked == int((batch["mlm_labels"] != -100).sum())
     assert float(T.mlm_mean_weight(spans.n_masked, 1, spans.device)) == pytest.approx(1 / spans.n_masked)
     # a GPU's rule: one chunk per budget, whatever the spread of lengths (a CPU's cuts at 0.8 of the longest too)
@@ -615,7 +615,7 @@ def test_the_gpu_checks_ddp_section_compares_like_with_like(monkeypatch):
         section, {}).update(values))
     calls, real = [], T.train_step
 
-    def recorded(model, batch, cfg, world=1, scaler=T.DISABLED):
+    def recorded(model, batch, cfg, world=1, scaler=T.NO_SCALING):
         calls.append((type(model).__name__, (cfg.dtype, cfg.chunk_tokens, cfg.grad_cache),
                       torch.backends.cuda.matmul.allow_tf32))
         return real(model, batch, cfg, world, scaler)

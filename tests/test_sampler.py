@@ -14,6 +14,7 @@ from conftest import ROOT, SHARED, WORDS, minilm, need
 from support import hub as H
 from support.cli import UserError
 from support.corpus import prepare_corpus
+from support.workers import prefetched_batches
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -332,8 +333,8 @@ def test_shards_disjoint_covering_and_seeded(tmp_path, tok):
 
 def test_resuming_at_step_k_gives_the_uninterrupted_batches(tmp_path, tok):
     _, sb = make_batches(tmp_path, tok)
-    full = list(S.make_loader(sb, 0, 12, workers=2))  # crosses two epoch boundaries (5 steps per epoch)
-    resumed = list(S.make_loader(sb, 7, 12, workers=2))
+    full = list(prefetched_batches(sb, range(0, 12), 2))  # crosses two epoch boundaries (5 steps per epoch)
+    resumed = list(prefetched_batches(sb, range(7, 12), 2))
     assert len(resumed) == 5 and not np.array_equal(resumed[0]["anchors"], full[6]["anchors"])  # steps 7 to 11
     for a, b in zip(full[7:], resumed, strict=True):
         for k in a:
@@ -346,7 +347,7 @@ def test_workers_hand_batches_over_without_file_descriptors(tmp_path, tok):
     traceback (about 1 run in 10 here). Batches come as copies: no tensor is shared, and each equals the
     dataset's own."""
     _, sb = make_batches(tmp_path, tok)
-    batches = list(S.make_loader(sb, 0, 6, workers=2))
+    batches = list(prefetched_batches(sb, range(0, 6), 2))
     assert all(isinstance(v, torch.Tensor) and not v.is_shared() for b in batches for v in b.values())
     for step, b in enumerate(batches):
         assert all(torch.equal(v, sb[step][k]) for k, v in b.items())

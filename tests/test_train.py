@@ -1,4 +1,5 @@
 """train.py: the step's gradient against a naive padded step, across ranks and nodes, GradCache, resuming."""
+import functools
 import json
 import os
 import re
@@ -110,15 +111,15 @@ def test_ablations_drop_their_term():
 
 def test_schedule_and_decay_groups():
     cfg = T.TrainConfig(lr=1.0, warmup_frac=0.1, lr_ratio=32)
-    lr = [T.lr_at(s, 100, cfg) for s in range(100)]
+    lr = [T.lr_at(s, 100, cfg.lr, cfg.warmup_frac, cfg.lr_ratio) for s in range(100)]
     assert lr[0] == pytest.approx(1 / 32) and lr[10] == pytest.approx(1.0) and max(lr) == lr[10]
     assert lr[5] == pytest.approx((1 + 0.5 * 31) / 32) and lr[55] == pytest.approx(lr[5])  # half-way up, half-way down
-    opt = T.make_optimizer(tiny_encoder(), T.TrainConfig(), fused=False)
+    opt = T.make_optimizer(tiny_encoder(), 5e-5, 0.1, fused=False)
     decay, rest = opt.param_groups
     assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0 and opt.defaults["eps"] == 1e-6
     model = tiny_encoder()
     names = {id(p): n for n, p in model.named_parameters()}
-    opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
+    opt = T.make_optimizer(model, 5e-5, 0.1, fused=False)
     no_decay = {names[id(p)] for p in opt.param_groups[1]["params"]}
     assert all(n.endswith("bias") or ".ln." in n for n in no_decay) and "layers.0.attn.ln.weight" in no_decay
     decayed = {names[id(p)] for p in opt.param_groups[0]["params"]}
@@ -231,7 +232,7 @@ SLOW_STEPS = ("import sys, time; sys.path.insert(0, sys.argv[1]); import train; 
 def test_a_run_folder_holds_one_run_at_a_time(tmp_path, docs):
     """While a run trains, a second run into its --out (a new one, --overwrite, or --resume of it) is refused at once
     with one line naming the holder, and the first run ends as if it had been alone."""
-    args = run_args(docs, tmp_path / "a", "--steps", "40", "--ckpt-every", "5")
+    args = run_args(docs, tmp_path / "a", "--steps", "40", "--ckpt-every", "5", "--threads", "1")  # whatever else runs
     first = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, str(ROOT), *args], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     metrics, t0 = tmp_path / "a" / "metrics.jsonl", time.time()
@@ -247,7 +248,7 @@ def test_a_run_folder_holds_one_run_at_a_time(tmp_path, docs):
         assert err.startswith(f"error: --out {tmp_path / 'a'}: another run is using it (pid {first.pid} on "), err
     assert first.poll() is None, "the first run ended before the others were refused: nothing was tested"
     assert first.wait(timeout=120) == 0
-    T.main(run_args(docs, tmp_path / "alone", "--steps", "40", "--ckpt-every", "5"))
+    T.main(run_args(docs, tmp_path / "alone", "--steps", "40", "--ckpt-every", "5", "--threads", "1"))
     assert trace(tmp_path / "a") == trace(tmp_path / "alone")
     assert [c.name for c in runs.checkpoints(tmp_path / "a")] == [c.name for c in runs.checkpoints(tmp_path / "alone")]
     assert_same_weights(tmp_path / "alone" / "model", tmp_path / "a" / "model")
@@ -260,9 +261,10 @@ def assert_same_weights(a, b):
 
 
 def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkeypatch):
-    T.main(run_args(docs, tmp_path / "r", "--steps", "2", "--ckpt-every", "2"))
+    one = ("--threads", "1")  # both runs alike, however many cores are free when each starts
+    T.main(run_args(docs, tmp_path / "r", "--steps", "2", "--ckpt-every", "2", *one))
     model, tok = M.load_pretrained(str(tmp_path / "r" / "checkpoints" / "step-00000002"))
-    opt = T.make_optimizer(model, T.TrainConfig(), fused=False)
+    opt = T.make_optimizer(model, 5e-5, 0.1, fused=False)
 
     def dying_save(obj, f):
         f.write(b"half a file")
@@ -271,8 +273,8 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
     monkeypatch.setattr(runs.torch, "save", dying_save)
     with pytest.raises(KeyboardInterrupt):
         scaler = torch.amp.GradScaler("cpu", enabled=False)
-        T.save_checkpoint(T.Run(T.TrainConfig(), tmp_path / "r", T.ChunkedEncoder(model), model, tok, opt, scaler, None,
-                                0, step=4))
+        T.Run(T.TrainConfig(), tmp_path / "r", T.ChunkedEncoder(model), model, tok, opt, scaler, None, 0,
+              M.save_pretrained, step=4).save_checkpoint()
     monkeypatch.undo()
     ck = runs.checkpoints(tmp_path / "r")
     assert [c.name for c in ck] == ["step-00000002"]
@@ -280,7 +282,7 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
     assert state["step"] == 2
     before = trace(tmp_path / "r")
     T.main(["--out", str(tmp_path / "r"), "--resume", "--steps", "3"])  # and a run resumes from it, as if no crash
-    T.main(run_args(docs, tmp_path / "clean", "--steps", "2", "--ckpt-every", "2"))
+    T.main(run_args(docs, tmp_path / "clean", "--steps", "2", "--ckpt-every", "2", *one))
     T.main(["--out", str(tmp_path / "clean"), "--resume", "--steps", "3"])
     assert [s for s, *_ in trace(tmp_path / "r")] == [1, 2, 3] and trace(tmp_path / "r")[:2] == before
     assert trace(tmp_path / "r") == trace(tmp_path / "clean")
@@ -497,10 +499,11 @@ def test_resume_extends_with_steps_and_refuses_other_flags(tmp_path, docs, capsy
     assert e.value.code == 1 and "is at step 4 of 4; pass --steps" in capsys.readouterr().err
     T.main(["--out", str(out), "--resume", "--steps", "6", "--log-every", "3"])  # today: silently stopped at 4
     printed, cfg = capsys.readouterr().out, T.TrainConfig()  # the run's lr and schedule are the defaults
+    lr_at = functools.partial(T.lr_at, lr=cfg.lr, cut_frac=cfg.warmup_frac, ratio=cfg.lr_ratio)
     assert "resuming at step 4" in printed
     assert (f"the run goes on to 6 steps (it was planned for 4): its learning-rate schedule is planned again over 6, "
-            f"and step 5 trains at lr {T.lr_at(4, 6, cfg):.2e} (step 4 had {T.lr_at(3, 4, cfg):.2e})\n") in printed
-    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[4])["lr"] == T.lr_at(4, 6, cfg)
+            f"and step 5 trains at lr {lr_at(4, 6):.2e} (step 4 had {lr_at(3, 4):.2e})\n") in printed
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[4])["lr"] == lr_at(4, 6)
     assert [s for s, *_ in trace(out)] == [1, 2, 3, 4, 5, 6]
     assert [c.name for c in runs.checkpoints(out)] == ["step-00000004", "step-00000006"]
     assert runs.read_train_state(out / "checkpoints" / "step-00000006")["config"]["steps"] == 6

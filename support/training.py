@@ -1,0 +1,160 @@
+"""
+support/training.py: the run around train.py's loop, which a reader of the method can skip. A Run holds what the loop
+steps (the model, the optimizer, the batches) and does what each step leaves to be done (after_step): the ranks'
+agreement to stop after a SIGTERM, the step's numbers into metrics.jsonl, read once the next step is on its way so
+that a GPU never waits for the log, STS-B dev and the best model, checkpoints and their barrier; and a failure as
+one line. The run folder, resuming and processes are support/runs.py's and support/processes.py's.
+"""
+import functools
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from support import card, demo, metrics, runs, stopping
+from support.device import autocast_dtype, say_compiled
+from support.processes import Process, data_parallel
+from support.workers import prefetched_batches
+
+
+@dataclass
+class Run:
+    """Everything the loop reads and advances, and what it hands each step to."""
+    cfg: object  # train.TrainConfig
+    out: Path
+    model: nn.Module  # what train_step runs: ChunkedEncoder(encoder) (compiled with --compile), in DDP under torchrun
+    encoder: nn.Module  # the model.Encoder inside it, which checkpoints save
+    tok: object
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # fp16's loss scale; disabled (a no-op) in every other precision
+    batches: object  # sampler.SpanBatches
+    total: int  # the run's steps
+    save_model: object = None  # (encoder, tokenizer, folder) -> Hugging Face layout (model.save_pretrained)
+    proc: Process = field(default_factory=lambda: Process(0, 0, 1, torch.device("cpu")))  # rank, world, device
+    step: int = 0
+    best: float = -1.0
+    latest_checkpoint: Path | None = None  # the newest checkpoint
+    machines: list = field(default_factory=list)  # where its steps ran, for the model card (support/runs.machines)
+    log: metrics.Log | None = None  # metrics.jsonl and the lines on stdout (TensorBoard's too), while the loop runs
+    evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
+    loader: object = None  # the batches' iterator, while the loop runs
+    stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
+    before: metrics.Figures | None = None  # the step before, whose numbers are read once the next is on its way
+
+    def begin(self, resume_from, evaluate, lr_at, most_steps: int):
+        """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
+        the process group up (support/runs.py), DDP around the model, a checkpoint's state restored, the plan said.
+        evaluate: () -> STS-B dev, or None; lr_at(step, total) -> the learning rate."""
+        cfg, proc = self.cfg, self.proc
+        if not resume_from and demo.scratch_name(cfg.model) is None and not Path(cfg.model).expanduser().is_dir():
+            self.cfg = cfg = replace(cfg, model=f"{cfg.model.partition('@')[0]}@{self.encoder.source.name}")  # commit
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
+        self.machines = runs.machines(resume_from, proc, autocast_dtype(cfg.dtype, proc.device))
+        runs.check_length(self.total, self.batches.steps_per_epoch, cfg, resume_from, most_steps)
+        runs.begin(proc, self.out, resume_from, cfg.ddp_timeout)
+        if proc.world > 1:
+            self.model = data_parallel(self.model, proc.device, find_unused=not cfg.mlm)  # no MLM: its head is unused
+        if resume_from:  # the optimizer, the loss scale, the step and the best score, as the checkpoint has them
+            self.step, self.best, self.latest_checkpoint = runs.restore(resume_from, self.opt, self.scaler)
+            runs.say_replanned(resume_from, self.total, self.batches.steps_per_epoch, lr_at)
+        self.evaluate = evaluate or None
+        runs.say_plan(cfg, proc, self.total, self.batches.steps_per_epoch, len(self.batches.docs))
+
+    def steps(self):
+        """The batches of the steps left, made ahead by the DataLoader's workers; the starting model scored first
+        (with --eval-data), and what --compile built said last."""
+        self.stop.training = True
+        self.log = metrics.Log(self, self.cfg.log_every, self.cfg.tensorboard)  # close() closes it
+        if self.evaluate and self.step == 0 and self.proc.rank == 0:  # the start's score, beside the run's
+            self.log.write({"step": 0, "stsb_dev_spearman": self.evaluate()})
+        # Resuming at step k needs nothing of the steps before k (sampler.SpanBatches); close() ends the workers
+        self.loader = prefetched_batches(self.batches, range(self.step, self.total), self.cfg.workers)
+        yield from self.loader
+        if self.cfg.compile:
+            say_compiled()
+
+    def failures(self):
+        """A step that does not fit in memory, or a rank gone, as one line (support/stopping.py)."""
+        return stopping.failures_are_one_line(self)
+
+    def after_step(self, lr: float, stats: dict, gnorm: torch.Tensor):
+        """The ranks agree whether to stop; the step's numbers leave for the host, and the step before's are logged now,
+        while this one runs on the GPU; evaluation, a checkpoint or a stop waits for this step's at once."""
+        cfg = self.cfg
+        with self.failures():
+            # SIGTERM: every rank stops after the same step, the first any of them was told to stop at
+            stop = stopping.agreed_stop(self, gnorm.device)
+            self.step += 1
+            this = metrics.Figures(self.step, lr, stats["tokens"] * self.proc.world, stats["contrastive"],
+                                   stats["mlm"], gnorm, stop)
+            stop = self.before is not None and self.log_step(self.before)
+            self.before = this
+            saved = self.step % cfg.ckpt_every == 0 or self.step == self.total
+            evaluated = self.evaluate and (cfg.eval_every and self.step % cfg.eval_every == 0
+                                           or self.step == self.total)
+            if stop or saved or evaluated:  # each needs this step's weights and numbers: the host waits for them here
+                stop = self.log_step(this, evaluated) or stop
+                self.before = None
+                if stop or saved:
+                    self.save_checkpoint()
+        if stop and self.step < self.total:
+            raise stopping.Terminated
+
+    def log_step(self, figures: metrics.Figures, evaluate: bool = False) -> bool:
+        """A step's numbers into metrics.jsonl (rank 0), with its STS-B dev score where it is evaluated; whether the
+        ranks agreed to stop after it."""
+        contrastive, mlm, gnorm, stop = figures.read()
+        stopping.check_finite(self, contrastive + mlm, figures.step)
+        rec = self.log.record(figures.step, figures.lr, contrastive, mlm, gnorm, figures.tokens)
+        if evaluate:
+            self.score_and_keep_best(rec)
+        if self.proc.rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
+            self.log.write(rec)
+        return bool(stop)
+
+    def score_and_keep_best(self, rec: dict):
+        """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
+        rec["stsb_dev_spearman"] = self.evaluate() if self.proc.rank == 0 else None  # dropout off (embed.encode's)
+        if self.proc.rank == 0 and rec["stsb_dev_spearman"] > self.best:
+            self.best = rec["stsb_dev_spearman"]
+            self.hand_over(self.out / "best", [*metrics.read_metrics(self.out), rec], best=True)
+
+    def hand_over(self, folder: Path, records: list[dict], best: bool = False):
+        """A model folder the run hands over (out/model, out/best): the weights in Hugging Face layout, and the model
+        card (README.md) of what the run did to them, from its config and metrics.jsonl (support/card.py)."""
+        self.save_model(self.encoder, self.tok, folder)
+        card.write_card(folder, self.cfg, records, self.machines, len(self.batches.docs), self.total, best)
+
+    def save_checkpoint(self):
+        """out/checkpoints/step-NNNNNNNN, written by rank 0 while the others wait: the model in Hugging Face layout,
+        and train_state.pt (optimizer, step, config)."""
+        if self.proc.rank == 0:
+            state = {"optimizer": self.opt.state_dict(), "step": self.step, "config": asdict(self.cfg),
+                     "best": self.best, "processes": runs.layout(self.proc.world), "machines": self.machines}
+            if self.scaler.is_enabled():
+                state["scaler"] = self.scaler.state_dict()
+            self.latest_checkpoint = runs.write_checkpoint(  # whole, whatever the other ranks do next
+                self.out, self.step, functools.partial(self.save_model, self.encoder, self.tok), state,
+                self.cfg.keep_ckpts)
+        if self.proc.world > 1:
+            dist.barrier()
+        self.latest_checkpoint = runs.step_folder(self.out, self.step)  # each machine's last line names it
+
+    def finish(self):
+        """The final model in out/model and what to do with it (rank 0); no rank tears its connections down while
+        another still uses them."""
+        if self.proc.rank == 0:
+            self.hand_over(self.out / "model", metrics.read_metrics(self.out))
+            runs.say_done(self.out, self.best)
+        if self.proc.world > 1:
+            dist.barrier()
+
+    def close(self):
+        """However the run ends: the loader's workers ended now, and DDP, which holds the process group, let go of."""
+        if self.loader is not None:
+            self.loader.close()
+        if self.log is not None:
+            self.log.close()
+        self.model = self.loader = self.log = None
