@@ -1,5 +1,5 @@
 """
-model.py: the encoder that DeCLUTR trains, a RoBERTa (or BERT) transformer in plain PyTorch.
+model.py: the encoder that DeCLUTR trains, a RoBERTa (or BERT, or ModernBERT) transformer in plain PyTorch.
 
 DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token states; §3.1 mean-pools them over the
 attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked language modelling head, so
@@ -21,16 +21,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support import demo, hub
+from support import configs, demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
 from support.device import compiled
-from support.files import check_out_folder, make_dirs, write_atomic, write_json
+from support.files import check_out_folder
 
 
 @dataclass
 class ModelConfig:  # the fields of a Hugging Face config.json that this encoder reads
-    model_type: str = "roberta"  # roberta, xlm-roberta, camembert (RoBERTa's architecture) or bert (and MiniLM)
+    model_type: str = "roberta"  # roberta, xlm-roberta, camembert (RoBERTa's), bert (and MiniLM) or modernbert
     vocab_size: int = 50265
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -46,16 +46,28 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
     pad_token_id: int = 1
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2
+    # ModernBERT's alone (None elsewhere): rotary positions with a global and a local theta, attention within
+    # local_attention // 2 tokens either side on all layers but every global_attn_every_n_layers-th
+    embedding_dropout: float | None = None
+    local_attention: int | None = None
+    global_attn_every_n_layers: int | None = None
+    global_rope_theta: float | None = None
+    local_rope_theta: float | None = None
 
     @property
     def roberta(self) -> bool:
-        """RoBERTa's architecture: RoBERTa itself, XLM-R, CamemBERT (hub.MODEL_TYPES)."""
-        return self.model_type != "bert"
+        """RoBERTa's architecture: RoBERTa itself, XLM-R, CamemBERT (configs.MODEL_TYPES)."""
+        return self.model_type not in ("bert", "modernbert")
+
+    @property
+    def modern(self) -> bool:
+        """ModernBERT (Warner et al., 2024): pre-norm, no biases, GeGLU, rotary positions, local attention."""
+        return self.model_type == "modernbert"
 
     @property
     def prefix(self) -> str:
         """The prefix of its tensor names in a Hugging Face checkpoint: `roberta.` for the whole RoBERTa family."""
-        return hub.MODEL_TYPES[self.model_type][0]
+        return configs.MODEL_TYPES[self.model_type][0]
 
     @property
     def position_offset(self) -> int:
@@ -71,6 +83,10 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 GELU_TANH = functools.partial(F.gelu, approximate="tanh")
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH, "gelu_pytorch_tanh": GELU_TANH}
 
+
+def norm(c: ModelConfig):
+    return nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)  # ModernBERT: no biases anywhere
+
 # -----------------------------------------------------------------------------------------------
 # The network
 
@@ -80,12 +96,15 @@ class Embeddings(nn.Module):
         super().__init__()
         self.c = c
         self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        if not c.modern:  # ModernBERT's positions are rotations inside attention
+            self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+            self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.ln = norm(c)
+        self.drop = nn.Dropout(c.hidden_dropout_prob if c.embedding_dropout is None else c.embedding_dropout)
 
     def forward(self, ids):
+        if self.c.modern:
+            return self.drop(self.ln(self.word(ids)))
         if self.c.roberta:
             # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq does),
             # so a span's positions do not depend on how much padding its batch needed.
@@ -108,6 +127,7 @@ class Packing:
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
         self.key_mask = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
+        self.bands = {}  # window -> attend()'s mask
 
     @classmethod
     def of(cls, B: int, T: int, attention_mask=None):
@@ -116,6 +136,17 @@ class Packing:
         if attention_mask is None or bool(attention_mask.all()):
             return cls(B, T)
         return cls(B, T, attention_mask.flatten().nonzero().squeeze(1), attention_mask)
+
+    def attend(self, window: int | None, device):
+        """What a query may attend to: the real keys, and on ModernBERT's local layers only those within `window`
+        positions of it; (B | 1, 1, T | 1, T), or None for everything."""
+        if window is None or self.T <= window + 1:  # every key within the window anyway
+            return self.key_mask
+        if window not in self.bands:  # made once a forward, for every local layer
+            i = torch.arange(self.T, device=device)
+            band = ((i[:, None] - i[None]).abs() <= window)[None, None]  # (1, 1, T, T)
+            self.bands[window] = band if self.key_mask is None else band & self.key_mask
+        return self.bands[window]
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...)"""
@@ -129,21 +160,39 @@ class Packing:
         return x.view(self.B, self.T, *x.shape[1:])
 
 
+def rotary(x, theta: float):
+    """ModernBERT's positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of the token at
+    position t turned by the angle t / theta^(2i/hd), so that a query-key product depends on their distance."""
+    T, hd = x.shape[-2:]
+    angle = torch.arange(T, device=x.device)[:, None] / theta ** (torch.arange(0, hd, 2, device=x.device) / hd)
+    cos, sin = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()  # (T, hd)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, i: int):
         super().__init__()
         self.n_head, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # q, k, v in one matmul
-        self.out = nn.Linear(c.hidden_size, c.hidden_size)
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=not c.modern)  # q, k, v in one matmul
+        self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
+        self.drop = nn.Dropout(c.attention_probs_dropout_prob if c.modern else c.hidden_dropout_prob)
+        # BERT normalises after the residual sum; ModernBERT before attention, except on layer 0 (its embeddings are)
+        self.ln = nn.Identity() if c.modern else norm(c)
+        self.pre = norm(c) if c.modern and i > 0 else nn.Identity()
+        # ModernBERT: every n-th layer attends to the whole text, the others to a window, with another theta
+        local = c.modern and i % c.global_attn_every_n_layers != 0
+        self.window = c.local_attention // 2 if local else None
+        self.theta = (c.local_rope_theta if local else c.global_rope_theta) if c.modern else None
 
     def forward(self, x, packing):
         """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the (B, T) layout."""
         B, T, H = packing.B, packing.T, x.shape[-1]
-        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
+        qkv = packing.unpack(self.qkv(self.pre(x)))  # (B, T, 3H), zeros at padding
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.key_mask,
+        if self.theta is not None:
+            q, k = rotary(q, self.theta), rotary(k, self.theta)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.attend(self.window, x.device),
                                            dropout_p=self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
@@ -152,20 +201,25 @@ class SelfAttention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.glu = c.modern  # ModernBERT's GeGLU: up makes two halves, the activation of the first gates the second
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size * (2 if self.glu else 1), bias=not c.modern)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=not c.modern)
         self.act = ACTIVATIONS[c.hidden_act]
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.ln, self.pre = (nn.Identity(), norm(c)) if c.modern else (norm(c), nn.Identity())  # pre-norm, as above
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, x):
-        return self.ln(x + self.drop(self.down(self.act(self.up(x)))))
+        h = self.up(self.pre(x))
+        if self.glu:
+            h, gate = h.chunk(2, dim=-1)
+            return x + self.drop(self.down(self.act(h) * gate))
+        return self.ln(x + self.drop(self.down(self.act(h))))
 
 
 class Layer(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, i: int):
         super().__init__()
-        self.attn, self.ffn = SelfAttention(c), FeedForward(c)
+        self.attn, self.ffn = SelfAttention(c, i), FeedForward(c)
 
     def forward(self, x, packing):
         return self.ffn(self.attn(x, packing))
@@ -176,11 +230,11 @@ class MLMHead(nn.Module):
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
         # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers' RobertaLMHead);
         # BERT's applies hidden_act
         self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.ln = norm(c)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
 
     def forward(self, h, word_weight):
@@ -192,7 +246,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = c
         self.embeddings = Embeddings(c)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(c, i) for i in range(c.num_hidden_layers))
+        self.final = norm(c) if c.modern else nn.Identity()  # ModernBERT normalises the last layer's states
         self.mlm = MLMHead(c)
         self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
 
@@ -203,7 +258,7 @@ class Encoder(nn.Module):
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
             x = layer(x, packing)
-        return packing.unpack(x)  # (B, T, H)
+        return packing.unpack(self.final(x))  # (B, T, H)
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
@@ -215,11 +270,10 @@ class Encoder(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 m.weight.normal_(0.0, self.config.initializer_range, generator=generator)
-            if isinstance(m, nn.Linear):
+            if isinstance(m, (nn.Linear, nn.LayerNorm)) and m.bias is not None:
                 m.bias.zero_()
             if isinstance(m, nn.LayerNorm):
                 m.weight.fill_(1.0)
-                m.bias.zero_()
         self.embeddings.word.weight[self.config.pad_token_id].zero_()
         self.mlm.bias.zero_()
 
@@ -272,6 +326,8 @@ class ChunkedEncoder(nn.Module):
 
 def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made of (q, k, v are concatenated)."""
+    if c.modern:
+        return modernbert_key_map(c)
     p = c.prefix
     m = {"embeddings.word.weight": [f"{p}.embeddings.word_embeddings.weight"],
          "embeddings.position.weight": [f"{p}.embeddings.position_embeddings.weight"],
@@ -293,41 +349,25 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
     return m
 
 
-def load_state(model: Encoder, tensors: dict[str, torch.Tensor], where: str) -> list[str]:
-    """Copy tensors under their ForMaskedLM names (hub.read_safetensors) into the model; return notes for the
-    user. Raises UserError on any mismatch."""
-    keymap, ours = hf_key_map(model.config), model.state_dict()
-    for name, sources in keymap.items():
-        if all(s in tensors for s in sources):
-            t = torch.cat([tensors[s] for s in sources]) if len(sources) > 1 else tensors[sources[0]]
-            if t.shape != ours[name].shape:
-                raise UserError(f"{where}: {sources[0]} has shape {tuple(t.shape)}, config.json implies "
-                                f"{tuple(ours[name].shape)}")
-            ours[name].copy_(t)
-    wanted = {s for sources in keymap.values() for s in sources}
-    head = {s for name, sources in keymap.items() if name.startswith("mlm.") for s in sources}
-    missing, unused = wanted - tensors.keys(), tensors.keys() - wanted
-    if missing and missing != head:
-        raise UserError(f"{where}: missing {len(missing)} tensors, e.g. {', '.join(sorted(missing)[:3])}")
-    if unused:
-        raise UserError(f"{where}: {len(unused)} unexpected tensors, e.g. {', '.join(sorted(unused)[:3])}")
-    return [f"{where}: no MLM head in the checkpoint, initialised a fresh one"] if missing else []
-
-
-def hf_state_dict(model: Encoder) -> dict[str, torch.Tensor]:
-    """Our weights under the Hugging Face ForMaskedLM names, ready for safetensors."""
-    sd = model.state_dict()
-    out = {}
-    for name, sources in hf_key_map(model.config).items():
-        for s, t in zip(sources, sd[name].chunk(len(sources)), strict=True):
-            out[s] = t.detach().to("cpu", torch.float32).contiguous().clone()
-    return out
+def modernbert_key_map(c: ModelConfig) -> dict[str, list[str]]:
+    """ModernBERT's names (transformers' ModernBertForMaskedLM): weights only, q, k, v already one tensor."""
+    m = {"embeddings.word.weight": ["model.embeddings.tok_embeddings.weight"], "mlm.bias": ["decoder.bias"],
+         "embeddings.ln.weight": ["model.embeddings.norm.weight"], "final.weight": ["model.final_norm.weight"],
+         "mlm.dense.weight": ["head.dense.weight"], "mlm.ln.weight": ["head.norm.weight"]}
+    for i in range(c.num_hidden_layers):
+        hf, me = f"model.layers.{i}.", f"layers.{i}."
+        m |= {me + "attn.qkv.weight": [hf + "attn.Wqkv.weight"], me + "attn.out.weight": [hf + "attn.Wo.weight"],
+              me + "ffn.pre.weight": [hf + "mlp_norm.weight"], me + "ffn.up.weight": [hf + "mlp.Wi.weight"],
+              me + "ffn.down.weight": [hf + "mlp.Wo.weight"]}
+        if i > 0:  # layer 0 has no attention norm
+            m[me + "attn.pre.weight"] = [hf + "attn_norm.weight"]
+    return m
 
 
 def load_config_and_tokenizer(name: str):
     """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
     path = hub.resolve(name, weights=False) / "config.json"
-    c = ModelConfig(**hub.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
+    c = ModelConfig(**configs.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
     if c.hidden_act not in ACTIVATIONS:
         raise UserError(f"{path}: hidden_act {c.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
     if c.hidden_size % c.num_attention_heads:
@@ -341,7 +381,8 @@ def load_pretrained(name: str, quiet: bool = False):
     config, tok = load_config_and_tokenizer(str(d))
     model = Encoder(config)
     model.init_weights(torch.Generator().manual_seed(0))  # only a missing MLM head keeps these
-    for note in load_state(model, hub.read_safetensors(d, config.prefix), str(d)):
+    tensors = hub.read_safetensors(d, config.prefix)
+    for note in hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm."):
         if not quiet:
             say(note, file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
@@ -354,17 +395,10 @@ def load_pretrained(name: str, quiet: bool = False):
 def save_pretrained(model: Encoder, tok, out: str | Path):
     """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1), keeping what the model
     came with of theirs (its max_seq_length, a Normalize module)."""
-    out, c = make_dirs(Path(out)), model.config
-    hub.write_safetensors(out / "model.safetensors", hf_state_dict(model))
-    write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
-    kept = model.sentence_transformers  # the starting checkpoint's max_seq_length and Normalize
-    files = {"config.json": hub.hf_config(asdict(c)), "tokenizer_config.json": hub.tokenizer_files(tok, c.max_tokens),
-             **hub.sentence_transformers_files(c.hidden_size, c.max_tokens, kept)}
-    for name, obj in files.items():
-        (out / name).parent.mkdir(exist_ok=True)
-        write_json(out / name, obj)
-    if hub.NORMALIZE in {m["type"] for m in files["modules.json"]}:
-        (out / "2_Normalize").mkdir(exist_ok=True)  # sentence-transformers loads the module from its (empty) folder
+    c = model.config
+    tensors = hub.hf_state_dict(model.state_dict(), hf_key_map(c))
+    hub.write_model_folder(Path(out), tensors, configs.hf_config(asdict(c)), tok, c.hidden_size, c.max_tokens,
+                           model.sentence_transformers)
 
 
 def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_embeddings: int = 514) -> Encoder:

@@ -1,6 +1,7 @@
 """
-support/hub.py: Hugging Face files: downloads, tokenizer formats, config.json, safetensors shards, pytorch_model.bin
-conversion. A reader does not need this file to understand DeCLUTR; model.py uses it to read and write checkpoints.
+support/hub.py: Hugging Face files: downloads, tokenizer formats, safetensors shards, pytorch_model.bin conversion
+(config.json: support/configs.py). A reader does not need this file to understand DeCLUTR; model.py uses it to read
+and write checkpoints.
 
 - The hub, through huggingface_hub: only the files a checkpoint needs, into its cache ($HF_HOME/hub); HF_TOKEN,
   HF_ENDPOINT, HF_HUB_OFFLINE and `org/name@revision` honoured; each file checked against its hash (sha256 or git
@@ -24,7 +25,7 @@ from safetensors import SafetensorError
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from support.cli import Progress, UserError, first_line
-from support.files import make_dirs, offline, read_json, write_atomic
+from support.files import make_dirs, offline, read_json, write_atomic, write_json
 
 # -----------------------------------------------------------------------------------------------
 # Tokenizers: whatever files a checkpoint ships, as a `tokenizers.Tokenizer` with no padding or truncation.
@@ -159,54 +160,19 @@ def sentence_transformers_files(hidden_size: int, max_tokens: int, kept: dict) -
 
 
 # -----------------------------------------------------------------------------------------------
-# config.json
-
-
-# model_type -> (the prefix of its tensor names, its transformers class). XLM-R and CamemBERT are RoBERTa's
-# architecture and tensor names under another model_type; BERT (and MiniLM) differs in token types, positions, eps.
-MODEL_TYPES = {"roberta": ("roberta", "RobertaForMaskedLM"), "xlm-roberta": ("roberta", "XLMRobertaForMaskedLM"),
-               "camembert": ("roberta", "CamembertForMaskedLM"), "bert": ("bert", "BertForMaskedLM")}
-
-
-def read_hf_config(path: Path, names: list[str]) -> dict:
-    """The fields `names` of a Hugging Face config.json, with BERT's defaults where a BERT config leaves them out."""
-    if not path.exists():
-        raise UserError(f"{path.parent}: no config.json")
-    d = read_json(path)
-    kind = d.get("model_type")
-    if kind not in MODEL_TYPES:
-        raise UserError(f"{path}: model_type {kind!r} is not supported ({', '.join(MODEL_TYPES)})")
-    if d.get("position_embedding_type", "absolute") != "absolute":
-        raise UserError(f"{path}: position_embedding_type {d['position_embedding_type']!r} is not supported")
-    need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"]
-    if missing := [k for k in need if k not in d]:
-        raise UserError(f"{path}: missing {', '.join(missing)}")
-    base = {} if kind != "bert" else dict(pad_token_id=0, type_vocab_size=2, layer_norm_eps=1e-12,
-                                           max_position_embeddings=512, bos_token_id=None, eos_token_id=None)
-    return {**base, **{k: d[k] for k in names if k in d}}
-
-
-def hf_config(fields: dict) -> dict:
-    """config.json for transformers' AutoModel and AutoModelForMaskedLM (None fields left out)."""
-    arch = MODEL_TYPES[fields["model_type"]][1]
-    return {"architectures": [arch], **{k: v for k, v in fields.items() if v is not None},
-            "position_embedding_type": "absolute"}
-
-
-# -----------------------------------------------------------------------------------------------
 # Weights on disk: safetensors (one file or shards) in, safetensors out; pytorch_model.bin only when asked.
 
 
 # Tensors a checkpoint may carry that this encoder does not use: the pooler and NSP heads (DeCLUTR pools
 # by mean, §3.1), position-id buffers, and the decoder copies that are tied to the embeddings anyway.
 IGNORED = re.compile(r"^(pooler\.|cls\.seq_relationship\.|embeddings\.(position_ids|token_type_ids)$|"
-                     r"lm_head\.decoder\.|cls\.predictions\.decoder\.)")
+                     r"lm_head\.decoder\.|cls\.predictions\.decoder\.|decoder\.weight$)")
 
 
 def _hf_name(key: str, prefix: str) -> str:
     """Checkpoint key in the ForMaskedLM layout, whatever layout (bare encoder, old gamma/beta) it came in."""
     key = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))
-    return key if key.startswith((f"{prefix}.", "lm_head.", "cls.")) else f"{prefix}.{key}"
+    return key if key.startswith((f"{prefix}.", "lm_head.", "cls.", "head.", "decoder.")) else f"{prefix}.{key}"
 
 
 def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
@@ -229,6 +195,52 @@ def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
             raise UserError(f"{f}: not a readable safetensors file ({first_line(e)})") from None
     named = {_hf_name(k, prefix): v for k, v in out.items()}
     return {k: v for k, v in named.items() if not IGNORED.match(k.removeprefix(f"{prefix}."))}
+
+
+def load_state(ours: dict[str, torch.Tensor], keymap: dict[str, list[str]], tensors: dict[str, torch.Tensor],
+               where: str, optional: str) -> list[str]:
+    """Copy a checkpoint's tensors (read_safetensors) into a model's state_dict through model.py's key map, every
+    name and shape checked; a head (the names under `optional`) may be missing. Returns notes for the user."""
+    for name, sources in keymap.items():
+        if all(s in tensors for s in sources):
+            t = torch.cat([tensors[s] for s in sources]) if len(sources) > 1 else tensors[sources[0]]
+            if t.shape != ours[name].shape:
+                raise UserError(f"{where}: {sources[0]} has shape {tuple(t.shape)}, config.json implies "
+                                f"{tuple(ours[name].shape)}")
+            ours[name].copy_(t)
+    wanted = {s for sources in keymap.values() for s in sources}
+    head = {s for name, sources in keymap.items() if name.startswith(optional) for s in sources}
+    missing, unused = wanted - tensors.keys(), tensors.keys() - wanted
+    if missing and missing != head:
+        raise UserError(f"{where}: missing {len(missing)} tensors, e.g. {', '.join(sorted(missing)[:3])}")
+    if unused:
+        raise UserError(f"{where}: {len(unused)} unexpected tensors, e.g. {', '.join(sorted(unused)[:3])}")
+    return [f"{where}: no MLM head in the checkpoint, initialised a fresh one"] if missing else []
+
+
+def hf_state_dict(ours: dict[str, torch.Tensor], keymap: dict[str, list[str]]) -> dict[str, torch.Tensor]:
+    """A model's weights under the Hugging Face names of model.py's key map, in fp32, ready for safetensors."""
+    out = {}
+    for name, sources in keymap.items():
+        for s, t in zip(sources, ours[name].chunk(len(sources)), strict=True):
+            out[s] = t.detach().to("cpu", torch.float32).contiguous().clone()
+    return out
+
+
+def write_model_folder(out: Path, tensors: dict, config: dict, tok: Tokenizer, hidden_size: int, max_tokens: int,
+                       kept: dict):
+    """A model folder in Hugging Face layout (model.safetensors, config.json, the tokenizer's files) with
+    sentence-transformers' files; kept: what the starting checkpoint said of theirs (read_sentence_transformers)."""
+    out = make_dirs(out)
+    write_safetensors(out / "model.safetensors", tensors)
+    write_atomic(out / "tokenizer.json", lambda p: tok.save(str(p)))
+    files = {"config.json": config, "tokenizer_config.json": tokenizer_files(tok, max_tokens),
+             **sentence_transformers_files(hidden_size, max_tokens, kept)}
+    for name, obj in files.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        write_json(out / name, obj)
+    if NORMALIZE in {m["type"] for m in files["modules.json"]}:
+        (out / "2_Normalize").mkdir(exist_ok=True)  # sentence-transformers loads the module from its (empty) folder
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]):

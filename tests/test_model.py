@@ -331,7 +331,7 @@ def bad(tmp_path, what):
     elif what == "model-type":
         c = json.loads((d / "config.json").read_text())
         (d / "config.json").write_text(json.dumps({**c, "model_type": "gpt2"}))
-        return str(d), "model_type 'gpt2' is not supported (roberta, xlm-roberta, camembert, bert)"
+        return str(d), "model_type 'gpt2' is not supported (roberta, xlm-roberta, camembert, bert, modernbert)"
     return str(d), "not a readable safetensors file"
 
 
