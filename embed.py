@@ -32,11 +32,15 @@ from support.processes import processes
 @dataclass
 class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.OnDevice), then these
     model: str = flag("", "hub id or local Hugging Face directory")
-    inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl (field text), - (stdin)")
+    inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl and .parquet (field text), - (stdin)")
+    text_field: str = flag("text", "the field of a .jsonl line, the column of a .parquet file, that holds the text")
     output: str = flag("embeddings.npy", "written under a temporary name (.NAME.partial), renamed when complete")
     overwrite: bool = flag(False, "replace an --output that exists, or the unfinished job into it")
     resume: bool = flag(False, "continue the unfinished job into --output: only its missing blocks are embedded")
-    output_dtype: str = flag("float32", "the rows written; float16 halves an .npy", choices=("float32", "float16"))
+    output_dtype: str = flag("float32", "the rows written; float16 halves an .npy, int8 quarters it, binary (a bit a "
+                             "dimension) is 1/32", choices=("float32", "float16", "int8", "binary"))
+    ranges: str = flag("", "int8: each dimension's range, a .ranges.npy embed.py wrote; default: this job's own, "
+                           "written beside --output")
     format: str = flag("", "default: --output's extension", choices=("npy", "jsonl"))
     normalize: bool = flag(False, "unit vectors, so that dot products are cosines")
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
@@ -55,8 +59,10 @@ class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.
             raise UserError(f"--output {self.output}: cannot tell the format from its name; pass --format npy or "
                             f"--format jsonl", code=2)
         self.format = self.format or suffix[1:]
-        if self.output_dtype == "float16" and self.format != "npy":
-            raise UserError("--output-dtype float16: for .npy only (a .jsonl row is text)", code=2)
+        if self.output_dtype != "float32" and self.format != "npy":
+            raise UserError(f"--output-dtype {self.output_dtype}: for .npy only (a .jsonl row is text)", code=2)
+        if self.ranges and self.output_dtype != "int8":
+            raise UserError("--ranges: for --output-dtype int8 only", code=2)
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite: continue the job, or start it afresh, not both", code=2)
 

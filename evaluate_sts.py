@@ -12,6 +12,7 @@ and the DeCLUTR paper report).
     python evaluate_sts.py --model sentence-transformers/all-MiniLM-L6-v2 --data sts/ --split dev
     python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
     python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
+    python evaluate_sts.py --model runs/a/model --split dev --output-dtype int8 binary    # what quantising costs
 """
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from model import load_pretrained
 from support.cli import Progress, UserError, cli, flag, parse_config
 from support.device import OnDevice, cpu_threads, device_and_dtype
 from support.files import write_json
+from support.quantize import PRECISIONS, quantize, ranges_of, similarities
 from support.sts_files import FEW, download_stsb, find_tasks, load_stsb_dev, no_nan, table, task_files  # noqa: F401
 
 
@@ -35,10 +37,14 @@ class EvalConfig(OnDevice):  # --dtype, --device and --threads as embed.py's (su
     split: str = flag("test", "STS12-16 have only test data", choices=("test", "dev"))
     json: str = flag("", "also write the scores here")
     batch_tokens: int = flag(0, "embed.py's token budget per batch (0: its default)", low=0)
+    output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: int8 (ranges from "
+                                    "the task's sentences; cosine), binary (Hamming similarity)")
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
             raise UserError(f"--tasks {unknown[0]}: not a task (one of {', '.join(TASKS)})", code=2)
+        if unknown := [p for p in self.output_dtype if p not in ("float32", *PRECISIONS)]:
+            raise UserError(f"--output-dtype {unknown[0]}: not one of float32, {', '.join(PRECISIONS)}", code=2)
 
 
 TASKS = ("STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16")
@@ -71,7 +77,10 @@ def spearman(x, y) -> float:
     return pearson(rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float)))
 
 
-def cosines(model, tok, a, b, batch_tokens=0, progress=None, dtype=None) -> np.ndarray:
+def cosines(model, tok, a, b, batch_tokens=0, progress=None, dtype=None, precision="float32", cache=None) -> np.ndarray:
+    """Each pair's cosine; for int8 and binary, of the rows embed.py --output-dtype would write (support/quantize.py;
+    int8's ranges from these sentences), Hamming similarity for binary. cache: the embeddings, kept for another
+    precision's turn."""
     uniq = list(dict.fromkeys(a + b))  # each sentence embedded once
     done = [0]
 
@@ -79,10 +88,18 @@ def cosines(model, tok, a, b, batch_tokens=0, progress=None, dtype=None) -> np.n
         done[0] += texts
         progress(f"{done[0]:,}/{len(uniq):,} sentences")
 
-    emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype,
-                 progress=report if progress else None)
+    emb = (cache or {}).get(key := (id(model), tuple(uniq)))
+    if emb is None:
+        emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype,
+                     progress=report if progress else None)
+        if cache is not None:
+            cache[key] = emb
     where = {s: i for i, s in enumerate(uniq)}
-    return (emb[[where[s] for s in a]] * emb[[where[s] for s in b]]).sum(1)
+    ia, ib = [where[s] for s in a], [where[s] for s in b]
+    if precision == "float32":
+        return (emb[ia] * emb[ib]).sum(1)
+    rows = quantize(emb, precision, ranges_of(emb) if precision == "int8" else None)
+    return similarities(rows[ia], rows[ib], precision)
 
 
 def _mean(values) -> float:
@@ -91,7 +108,7 @@ def _mean(values) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None) -> dict:
+def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None, precision="float32", cache=None) -> dict:
     """{task: scores} for tasks of {subset: (a, b, gold)}; a task or subset of fewer than FEW pairs carries few_pairs:
     true. STS-B and SICK-R are one set of pairs each; STS12-16 are reported two ways, every subset's pairs pooled
     ("all", as SimCSE) and the mean over subsets (as SentEval and the paper)."""
@@ -101,7 +118,7 @@ def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None) -> dict:
         for name, (a, b, gold) in subsets.items():
             if progress:
                 progress.note(f"{task}{'' if task in ONE_SET else ' ' + name}, {len(gold):,} pairs")
-            cos[name] = cosines(model, tok, a, b, batch_tokens, progress, dtype)
+            cos[name] = cosines(model, tok, a, b, batch_tokens, progress, dtype, precision, cache)
             per[name] = correlations(cos[name], gold)
         pooled = correlations(np.concatenate(list(cos.values())), np.concatenate([g for *_, g in subsets.values()]))
         out[task] = pooled if task in ONE_SET else {
@@ -150,10 +167,12 @@ def evaluate(cfg: EvalConfig):
     results = {}
     for name in cfg.model:
         progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
-        model, tok = load_pretrained(name, quiet=True)
-        results[name] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress, dtype)
+        model, tok, cache = *load_pretrained(name, quiet=True), {}
+        for precision in dict.fromkeys(["float32", *cfg.output_dtype]):  # each embedded once, then quantised
+            label = name if precision == "float32" else f"{name} {precision}"
+            results[label] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress, dtype, precision, cache)
         progress.note(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
-    print(table(results))
+    print(table(results) + ("\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 

@@ -30,7 +30,8 @@ from support.hub import special_ids
 @dataclass
 class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends these
     model: str = flag("", "hub id, local folder or (train.py) scratch:SHAPE; empty: distilroberta-base (or the demo)")
-    data: list = flag(list, ".txt / .jsonl files (optionally .gz) and directories of them")
+    data: list = flag(list, ".txt / .jsonl files (optionally .gz), .parquet files, and directories of them")
+    text_field: str = flag("text", "the field of a .jsonl line, the column of a .parquet file, that holds the text")
     docs_per_step: int = flag(16, "N, over all ranks together", low=1)
     num_anchors: int = flag(2, "A", low=1)
     num_positives: int = flag(2, "P", low=1)
@@ -216,7 +217,7 @@ def main(argv=None):
     if not cfg.data:
         raise UserError("no --data given: pass .txt/.jsonl files or directories")
     config, tok = load_config_and_tokenizer(cfg.model or "distilroberta-base")
-    corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=not cfg.keep_whitespace)
+    corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=not cfg.keep_whitespace, field=cfg.text_field)
     batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
     b, A, P = batches[0], cfg.num_anchors, cfg.num_positives
     print(f"step 0: {len(b['anchors'])} anchors of {b['anchor_lengths'].min()}-{b['anchor_lengths'].max()} tokens, "

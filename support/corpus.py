@@ -1,6 +1,7 @@
 """
-support/corpus.py: the user's documents, read once and kept as token ids. Files are .txt (a document each) or .jsonl
-(a document per line, field "text"), maybe gzipped, or folders of them; each document is cleaned as the original
+support/corpus.py: the user's documents, read once and kept as token ids. Files are .txt (a document each), .jsonl
+(a document per line, field "text" or --text-field), maybe gzipped, .parquet (a document a row, the same column, read
+a row group at a time: pyarrow only then), or folders of them; each document is cleaned as the original
 DeCLUTR cleans it, tokenised with the model's own tokenizer on every core, and written as one flat token file plus
 document offsets, read back as a numpy memmap and cached by the files' names, sizes and times, the cleaning and the
 tokenizer. Also the demo's documents: text every Python installation carries.
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from support.cli import Progress, UserError, say
+from support.cli import Progress, UserError, first_line, say
 from support.files import files_under, path_kind, remove_stale_temporaries, writable_cache, write_atomic
 
-SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 
 
 def list_files(paths) -> list[Path]:
@@ -40,7 +41,7 @@ def list_files(paths) -> list[Path]:
                             f".gz: `--data docs.jsonl.gz` reads it as it is) or folders of them, each read more than "
                             f"once: save it to a file first")
     if not files:
-        raise UserError(f"no .txt or .jsonl files (optionally .gz) under {', '.join(map(str, paths))}")
+        raise UserError(f"no .txt, .jsonl (optionally .gz) or .parquet files under {', '.join(map(str, paths))}")
     return files
 
 
@@ -51,10 +52,10 @@ def clean_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def json_text(line: str):
-    """The string field "text" of one JSONL line, or None when the line is not an object that has one."""
+def json_text(line: str, field: str = "text"):
+    """The string field `field` of one JSONL line, or None when the line is not an object that has one."""
     try:
-        text = json.loads(line).get("text")
+        text = json.loads(line).get(field)
     except (json.JSONDecodeError, AttributeError):
         return None
     return text if isinstance(text, str) else None
@@ -65,14 +66,18 @@ def open_bytes(f: Path):
     return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
 
 
-def read_lines(path: Path, copy: Path | None = None, skipping=None):
-    """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the "text" of each line of a
-    .jsonl, either maybe gzipped; "-" (standard input) and a pipe are read from their spooled `copy`. A byte-order
-    mark that opens the input is not text. One line for what cannot be read. skipping(), asked before each row: where
-    it says True the row is None, neither decoded (.txt) nor parsed (.jsonl), as a process passes over the blocks
-    that others embed."""
+def read_lines(path: Path, copy: Path | None = None, skipping=None, field: str = "text"):
+    """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the `field` of each line of a
+    .jsonl, either maybe gzipped, or of each row of a .parquet (a null: an empty text, so that row i stays row i);
+    "-" (standard input) and a pipe are read from their spooled `copy`. A byte-order mark that opens the input is not
+    text. One line for what cannot be read. skipping(), asked before each row: where it says True the row is None,
+    neither decoded (.txt) nor parsed (.jsonl), as a process passes over the blocks that others embed."""
     src, name = copy or path, "stdin" if str(path) == "-" else str(path)
     jsonl = ".jsonl" in Path(name).name
+    if name.endswith(".parquet"):
+        for text in parquet_texts(Path(src), field):
+            yield None if skipping and skipping() else "" if text is None else text
+        return
     try:
         with open_bytes(Path(src)) as f:
             for n, raw in enumerate(f, 1):
@@ -88,19 +93,21 @@ def read_lines(path: Path, copy: Path | None = None, skipping=None):
                 elif line.strip():
                     if skipping and skipping():
                         yield None
-                    elif (text := json_text(line)) is None:
-                        raise UserError(f"{name}:{n}: not a JSON object with a string field 'text'")
+                    elif (text := json_text(line, field)) is None:
+                        raise UserError(f"{name}:{n}: not a JSON object with a string field '{field}'")
                     else:
                         yield text
     except (OSError, EOFError) as e:  # EOFError: a .gz cut short
         raise UserError(f"{name}: cannot read ({getattr(e, 'strerror', None) or e})") from None
 
 
-def read_documents(files, stats, clean: bool = True):
-    """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty, binary,
-    malformed) and what was repaired (undecodable bytes)."""
+def read_documents(files, stats, clean: bool = True, field: str = "text"):
+    """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty or null,
+    binary, malformed) and what was repaired (undecodable bytes)."""
     for f in files:
-        for text in _file_texts(f, stats):
+        texts = (t or "" for t in parquet_texts(f, field)) if f.name.endswith(".parquet") else _file_texts(f, stats,
+                                                                                                          field)
+        for text in texts:
             if text is None:
                 stats["malformed"] += 1
             elif not text.strip():
@@ -109,7 +116,7 @@ def read_documents(files, stats, clean: bool = True):
                 yield clean_text(text) if clean else text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _file_texts(f: Path, stats):
+def _file_texts(f: Path, stats, field: str):
     """One file's texts: the whole of a .txt, each line's "text" of a .jsonl (None where a line has none), streamed
     (a .jsonl may be larger than memory); nothing of a binary file. A byte that is not UTF-8 becomes U+FFFD, counted."""
     replaced, jsonl = 0, ".jsonl" in f.name
@@ -124,7 +131,7 @@ def _file_texts(f: Path, stats):
             for text in (line for line in lines if line.strip()) if jsonl else [lines.read()]:
                 text, n = UNDECODABLE.subn("\ufffd", text)
                 replaced += n
-                yield json_text(text) if jsonl else text
+                yield json_text(text, field) if jsonl else text
     except (OSError, EOFError) as e:
         raise UserError(f"{f}: cannot read ({e})") from None
     stats["files_repaired"] += replaced > 0
@@ -135,12 +142,48 @@ def _file_texts(f: Path, stats):
 UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
-def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True):
+def parquet_file(f: Path, field: str):
+    """A Parquet file (a Hugging Face dataset's) opened, its column `field` checked: only its footer is read. pyarrow
+    is imported only here; without it, or for a file that is not Parquet or a column missing or not strings, one
+    line."""
+    try:
+        import pyarrow.parquet as pq
+        import pyarrow.types as pa_types
+    except ImportError:
+        raise UserError(f"{f}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    try:
+        # Read a column chunk at a time (buffer_size), no row group ahead of time (pre_buffer): by default pyarrow
+        # keeps every row group it has read, and a file larger than memory would not fit
+        source = pq.ParquetFile(f, buffer_size=1 << 20, pre_buffer=False)
+    except Exception as e:  # pyarrow's ArrowInvalid for a file without Parquet's magic bytes, OSError
+        raise UserError(f"{f}: not a readable Parquet file ({first_line(e)})") from None
+    schema = source.schema_arrow
+    if field not in schema.names:
+        raise UserError(f"{f}: no column '{field}' (it has {', '.join(schema.names[:8])}); --text-field names the "
+                        f"column with the text")
+    kind = schema.field(field).type
+    if not (pa_types.is_string(kind) or pa_types.is_large_string(kind) or str(kind) == "string_view"):
+        raise UserError(f"{f}: column '{field}' holds {kind}, not strings")
+    return source
+
+
+def parquet_texts(f: Path, field: str, rows: int = 4096):
+    """The column `field` of a Parquet file, each row's string or None for a null, read `rows` at a time within one
+    row group: memory stays bounded on a file larger than it."""
+    source = parquet_file(f, field)
+    try:
+        for batch in source.iter_batches(batch_size=rows, columns=[field]):
+            yield from batch.column(0).to_pylist()
+    except OSError as e:
+        raise UserError(f"{f}: cannot read ({first_line(e)})") from None
+
+
+def document_texts(paths, max_chars: int = 64 << 20, clean: bool = True, field: str = "text"):
     """The documents' texts, up to `max_chars` characters in all: what the BPE tokenizer of a model trained from
     scratch learns from (64M characters are plenty for its vocabulary), cleaned as the corpus is. The first is read
     at once: data without a single document is one line here, as the sampler says it of a corpus."""
     stats, files = collections.Counter(), list_files(paths)
-    texts = read_documents(files, stats, clean)
+    texts = read_documents(files, stats, clean, field)
     first = next(texts, None)
     if first is None:  # every file empty, binary or malformed
         raise UserError(f"no documents in the data: {len(files):,} files, 0 documents; skipped {stats['empty']} empty, "
@@ -184,12 +227,16 @@ class Corpus:
         return len(self.lengths)
 
 
-def prepare_corpus(paths, tok, cache: str = "", clean: bool = True) -> Corpus:
+def prepare_corpus(paths, tok, cache: str = "", clean: bool = True, field: str = "text") -> Corpus:
     """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
-    into a cached memmap."""
+    into a cached memmap; `field`: the text's in .jsonl and .parquet files."""
     files = list_files(paths)
-    # The cache key: the tokenizer, the cleaning, and each file's path, size and time
-    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw"))
+    for f in files:  # a bad Parquet file is one line before any work starts
+        if f.name.endswith(".parquet"):
+            parquet_file(f, field)
+    # The cache key: the tokenizer, the cleaning, the text's field where it is not "text", each file's path, size, time
+    key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw")
+                         + (b"" if field == "text" else f"\0field={field}".encode()))
     for f in files:
         st = f.stat()
         key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -203,13 +250,13 @@ def prepare_corpus(paths, tok, cache: str = "", clean: bool = True) -> Corpus:
     progress = Progress("corpus", f"tokenising {len(files):,} files once, into {out}")
     # The cache folder appears whole or not at all; if another process (another machine's) finished it first, its
     # folder is kept
-    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean), keep_existing=True)
+    write_atomic(out, lambda tmp: _tokenise(files, tok, tmp, progress, clean, field), keep_existing=True)
     corpus = Corpus(out)
     progress.note(f"{corpus.meta['summary']} ({time.time() - progress.t0:.1f}s)")
     return corpus
 
 
-def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool):
+def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool, field: str):
     """tokens.bin (every document's ids, one after another), offsets.npy and meta.json, written into `folder`."""
     folder.mkdir()
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
@@ -217,7 +264,7 @@ def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool):
     offsets = array.array("q", [0])  # 8 bytes a document
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets: we only need ids
     with open(folder / "tokens.bin", "wb") as f:
-        for texts in _batches(read_documents(files, stats, clean), 1 << 24):
+        for texts in _batches(read_documents(files, stats, clean, field), 1 << 24):
             for e in encode(texts, add_special_tokens=False):
                 ids = np.asarray(e.ids, dtype=dtype)
                 f.write(ids.tobytes())

@@ -95,6 +95,6 @@ def scratch_model(cfg, proc: Process, make_encoder):
     (model.scratch_encoder) for it."""
     shape = scratch_name(cfg.model)
     bpe = made_once(proc, "tokenizer", lambda: scratch_tokenizer(
-        shape, document_texts(cfg.data, clean=not cfg.keep_whitespace), quiet=False).to_str())
+        shape, document_texts(cfg.data, clean=not cfg.keep_whitespace, field=cfg.text_field), quiet=False).to_str())
     tok = Tokenizer.from_str(bpe)
     return make_encoder(shape, tok.get_vocab_size(), cfg.seed), tok

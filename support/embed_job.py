@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from support import embedding
+from support import embedding, quantize
 from support.cli import Progress, UserError, say
 from support.device import prefetched
 from support.files import read_json, write_atomic, write_json
@@ -84,7 +84,8 @@ class Job:
         self.out, self.size = Path(cfg.output), cfg.block
         self.folder = job_folder(self.out)
         self.hidden, self.npy = model.config.hidden_size, cfg.format == "npy"
-        self.dtype = np.dtype("<f2" if cfg.output_dtype == "float16" else "<f4")
+        self.dtype = np.dtype("<f2" if cfg.output_dtype == "float16" else "<f4")  # int8, binary: made at the end
+        self.ranges = quantize.read_ranges(Path(cfg.ranges), self.hidden) if cfg.ranges else None
         self.rows_from = rows_depend_on(cfg, model, device, dtype, max_tokens)
         self.rows = self.kept_before = 0
         self.plan = self.record = self.fd = self.progress = None
@@ -139,7 +140,7 @@ class Job:
         folder.mkdir(exist_ok=True)
         lock_run_folder(folder, said_as=f"--output {self.out}")
         copies = embedding.spooled(cfg.inputs, folder)
-        if (rows := embedding.count_rows(cfg.inputs, copies)) == 0:
+        if (rows := embedding.count_rows(cfg.inputs, copies, cfg.text_field)) == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
         write_json(folder / "job.json", {"rows": rows, "inputs": describe_inputs(cfg.inputs, copies),
                                          **self.rows_from})
@@ -171,7 +172,7 @@ class Job:
         """(block, tokenize(its texts)) for each block this process takes, in input order. ahead: the next block is
         read and tokenised in a thread while this one is embedded (the tokenizer releases the GIL), which pays on a
         GPU; on a CPU the two would only share the same cores."""
-        texts = embedding.blocks(self.cfg.inputs, self.copies, self.size, self.claims())
+        texts = embedding.blocks(self.cfg.inputs, self.copies, self.size, self.claims(), self.cfg.text_field)
         work = lambda item: (item[0], tokenize(item[1]))  # noqa: E731
         return prefetched(texts, work) if ahead else map(work, texts)
 
@@ -226,7 +227,9 @@ class Job:
         if missing := sorted(set(range(blocks)) - recorded(self.folder, blocks, self.npy)):
             raise UserError(f"{self.folder}: {len(missing)} block(s) were not written (the first: {missing[0]}); "
                             f"another job may be writing into it")
-        if self.npy:
+        if self.npy and self.cfg.output_dtype in quantize.PRECISIONS:  # every row is in: int8's ranges are known
+            quantize.write_output(self.folder / "rows.npy", self.out, self.cfg.output_dtype, self.ranges)
+        elif self.npy:
             os.replace(self.folder / "rows.npy", self.out)
         else:
             write_atomic(self.out, lambda tmp: join_parts(self.folder, blocks, tmp))
@@ -287,7 +290,8 @@ def rows_depend_on(cfg, model, device, dtype, max_tokens: int) -> dict:
     return {"--model": {"folder": str(Path(model.source).resolve()), "weights": weights}, "--long": cfg.long,
             "--normalize": cfg.normalize, "--dtype": str(dtype).removeprefix("torch.") if dtype else "float32",
             "--device": device.type, "--batch-tokens": cfg.batch_tokens, "--block": cfg.block, "--format": cfg.format,
-            "--output-dtype": cfg.output_dtype, "the model's length": max_tokens}
+            "--output-dtype": cfg.output_dtype, "the model's length": max_tokens,
+            **({"--text-field": cfg.text_field} if cfg.text_field != "text" else {})}  # as jobs before it had none
 
 
 def describe_inputs(inputs, copies: dict) -> list:
@@ -428,7 +432,8 @@ class JobProgress:
         seconds = time.time() - self.line.t0
         kept = f"; {self.kept:,} kept from before" if self.kept else ""
         shares = f"; blocks by rank: {shares}" if shares else ""
-        self.line.note(f"wrote {self.job.out}: {self.n:,} x {self.job.hidden} ({seconds:.1f}s, "
+        what = {"int8": " int8", "binary": " bits"}.get(self.job.cfg.output_dtype, "")
+        self.line.note(f"wrote {self.job.out}: {self.n:,} x {self.job.hidden}{what} ({seconds:.1f}s, "
                        f"{(self.n - self.kept) / max(seconds, 1e-9):,.0f} texts/s{kept}{shares})")
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from support import quantize
 from support.cli import UserError
-from support.corpus import read_lines
+from support.corpus import parquet_file, read_lines
 from support.device import pad_rows, padding_mask, to_device
 from support.files import path_kind
 
@@ -92,14 +93,19 @@ def check_paths(cfg, out: Path, world: int = 1):
             raise UserError(f"{p}: no such file")
         if kind not in ("file", "pipe"):
             raise UserError(f"{p}: is a {kind}, not a file of texts; embed.py reads .txt and .jsonl files (maybe .gz), "
-                            f"pipes, and - for standard input")
+                            f".parquet files, pipes, and - for standard input")
         if world > 1 and (p == "-" or kind == "pipe"):
             raise UserError(f"{p}: standard input and pipes are read by one process; with {world} processes, each "
                             f"reads the inputs itself: save it to a file first")
+        if p.endswith(".parquet"):
+            parquet_file(Path(p), cfg.text_field)
         if p != "-" and Path(p).resolve() == out.resolve():
             raise UserError(f"--output {out}: is also an input, which it would overwrite")
     if out.exists() and not (cfg.overwrite or cfg.resume):
         raise UserError(f"--output {out}: exists; pass --overwrite to replace it")
+    if cfg.output_dtype == "int8" and not cfg.ranges and (r := quantize.ranges_path(out)).exists() and not (
+            cfg.overwrite or cfg.resume):
+        raise UserError(f"--output {out}: its ranges {r} exist; pass --overwrite to replace both")
     if not out.parent.exists() or not os.access(out.parent, os.W_OK):
         raise UserError(f"{out}: cannot write into {out.parent}")
 
@@ -117,12 +123,12 @@ def spooled(inputs, folder: Path) -> dict[str, Path]:
     return copies
 
 
-def count_rows(inputs, copies: dict) -> int:
+def count_rows(inputs, copies: dict, field: str = "text") -> int:
     """The texts of every input: a streaming first pass."""
-    return sum(sum(1 for _ in read_lines(Path(p), copies.get(p))) for p in inputs)
+    return sum(sum(1 for _ in read_lines(Path(p), copies.get(p), field=field)) for p in inputs)
 
 
-def blocks(inputs, copies: dict, size: int, wanted=None):
+def blocks(inputs, copies: dict, size: int, wanted=None, field: str = "text"):
     """(index, texts): the inputs' texts in order, `size` at a time. wanted: the block indices to read, increasing
     (drawn one at a time, when the one before is done); the rows of the others are passed over unread, and nothing
     after the last is read."""
@@ -133,7 +139,7 @@ def blocks(inputs, copies: dict, size: int, wanted=None):
         return row // size != target
 
     for path in inputs:
-        for text in read_lines(Path(path), copies.get(path), skipping):
+        for text in read_lines(Path(path), copies.get(path), skipping, field):
             if target is None:
                 return
             if text is not None:

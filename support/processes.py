@@ -106,8 +106,8 @@ def _wait(store, key: str, who: str = "") -> str:
 def corpus_for_run(cfg, tok, proc: Process) -> Corpus:
     """The run's documents, tokenised by one process per machine into its cache; the others then read it."""
     clean = not cfg.keep_whitespace
-    return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(cfg.data, tok, cfg.cache_dir,
-                                                                            clean=clean).dir), per_machine=True)))
+    return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(
+        cfg.data, tok, cfg.cache_dir, clean=clean, field=cfg.text_field).dir), per_machine=True)))
 
 
 def data_parallel(model, device: torch.device, find_unused: bool):

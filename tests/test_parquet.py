@@ -1,0 +1,146 @@
+"""Parquet in: a Hugging Face dataset's file gives train.py the same corpus (token ids) and embed.py the same rows as
+the same texts in .jsonl; --text-field for both formats; read a row group at a time; each bad file one line."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import embed as E
+from conftest import ROOT, WORDS, oracle
+from support.cli import UserError
+from support.corpus import prepare_corpus
+
+oracle("pyarrow")  # a test requirement (requirements-dev.txt), not a runtime one: only .parquet readers need it
+
+
+def texts(n=300, seed=0):
+    """n documents of 50-400 words, some empty and some null (None), as a dataset's column can have them."""
+    rng = np.random.default_rng(seed)
+    out = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), rng.integers(50, 400))) for _ in range(n)]
+    out[7], out[19], out[n // 2 + 3] = "", None, "   "
+    return out
+
+
+def write_parquet(path, column, name="text", row_group_size=64, **more):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({name: pa.array(column, type=pa.string()), **more}), path, row_group_size=row_group_size)
+    return path
+
+
+def write_jsonl(path, column, name="text"):
+    path.write_text("".join(json.dumps({name: t if t is not None else ""}) + "\n" for t in column))
+    return path
+
+
+def test_parquet_gives_the_jsonl_corpus_token_for_token(tmp_path, tiny):
+    from support.hub import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    docs = texts()
+    a = prepare_corpus([write_parquet(tmp_path / "train-00000-of-00001.parquet", docs)], tok, str(tmp_path / "c"))
+    b = prepare_corpus([write_jsonl(tmp_path / "docs.jsonl", docs)], tok, str(tmp_path / "c"))
+    assert a.dir != b.dir  # two files, two cache entries
+    assert np.array_equal(a.offsets, b.offsets) and np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    assert a.meta["documents"] == 297 and a.meta["empty"] == 3 == b.meta["empty"]  # null and blank rows counted
+    # and against the tokenizer itself, document by document
+    kept = [" ".join(t.split()) for t in docs if t and t.strip()]
+    assert [len(e.ids) for e in tok.encode_batch(kept, add_special_tokens=False)] == list(a.lengths)
+
+
+def test_text_field_names_the_column_and_the_json_field(tmp_path, tiny):
+    from support.hub import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    docs = texts(40)
+    other = ["not this"] * 40
+    pq_file = write_parquet(tmp_path / "d.parquet", docs, name="body", other=other)
+    js_file = write_jsonl(tmp_path / "d.jsonl", docs, name="body")
+    a = prepare_corpus([pq_file], tok, str(tmp_path / "c"), field="body")
+    b = prepare_corpus([js_file], tok, str(tmp_path / "c"), field="body")
+    assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)) and a.meta["documents"] == 37
+    with pytest.raises(UserError, match="no column 'text' .*--text-field"):
+        prepare_corpus([pq_file], tok, str(tmp_path / "c2"))
+
+
+def test_a_folder_of_parquet_files_trains(tmp_path, tiny):
+    """train.py --data FOLDER of .parquet shards (as the hub's datasets are), two steps end to end."""
+    import train
+
+    (tmp_path / "data").mkdir()
+    docs = [t for t in texts(64) if t and t.strip()]
+    write_parquet(tmp_path / "data" / "train-00000-of-00002.parquet", docs[:30])
+    write_parquet(tmp_path / "data" / "train-00001-of-00002.parquet", docs[30:])
+    train.main(["--model", str(tiny), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--steps", "2",
+                "--docs-per-step", "4", "--min-span", "8", "--max-span", "32", "--workers", "0",
+                "--cache-dir", str(tmp_path / "cache")])
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny):
+    """The same rows, byte for byte, on one process and on two (each reads its own blocks of the row groups);
+    a null row is an empty text, so that row i of the output is row i of the file."""
+    docs = [t[:200] if t else t for t in texts(120)]
+    pq_file = write_parquet(tmp_path / "t.parquet", docs, row_group_size=16)
+    js_file = write_jsonl(tmp_path / "t.jsonl", docs)
+    for src in (pq_file, js_file):
+        E.main(["--model", str(tiny), str(src), "--output", str(tmp_path / f"{src.suffix[1:]}.npy"), "--block", "25",
+                "--dtype", "fp32"])
+    a, b = np.load(tmp_path / "parquet.npy"), np.load(tmp_path / "jsonl.npy")
+    assert a.shape[0] == 120 and a.tobytes() == b.tobytes()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29641",
+           str(ROOT / "embed.py"), "--model", str(tiny), str(pq_file), "--output", str(tmp_path / "two.npy"),
+           "--block", "25", "--dtype", "fp32", "--threads", "1"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    assert np.load(tmp_path / "two.npy").tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("what, says", [
+    ("not-parquet", "not a readable Parquet file"),
+    ("no-column", "no column 'text' (it has body)"),
+    ("not-strings", "column 'text' holds int64, not strings"),
+    ("no-pyarrow", "reading Parquet needs pyarrow: pip install pyarrow"),
+])
+@pytest.mark.parametrize("script", ["train.py", "embed.py"])
+def test_a_bad_parquet_file_is_one_line(tmp_path, tiny, what, says, script):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "d.parquet"
+    if what == "not-parquet":
+        f.write_text("the quick brown fox\n" * 50)
+    elif what == "not-strings":
+        pq.write_table(pa.table({"text": list(range(50))}), f)
+    else:
+        pq.write_table(pa.table({"body" if what == "no-column" else "text": ["a text"] * 50}), f)
+    env = {"PYTHONPATH": str(ROOT / "tests" / "blocked"), "BLOCKED_MODULES": "pyarrow"} if what == "no-pyarrow" else {}
+    args = (["--data", str(f), "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "c"), "--steps", "1"]
+            if script == "train.py" else [str(f), "--output", str(tmp_path / "e.npy")])
+    done = subprocess.run([sys.executable, str(ROOT / script), "--model", str(tiny), *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env}, cwd=tmp_path)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {f}: ") and says in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "e.npy").exists()
+
+
+def test_a_file_is_read_a_row_group_at_a_time(tmp_path):
+    """Memory stays bounded on a file larger than it: what pyarrow holds while the rows stream by never comes near
+    the file's size (40 row groups of ~1 MB: at most a few at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support.corpus import parquet_texts
+
+    rng = np.random.default_rng(0)
+    with pq.ParquetWriter(tmp_path / "big.parquet", pa.schema([("text", pa.string())]), compression="none") as w:
+        for _ in range(40):
+            w.write_table(pa.table({"text": [" ".join(rng.choice(WORDS, 100)) for _ in range(1500)]}))
+    size, held, rows = (tmp_path / "big.parquet").stat().st_size, 0, 0
+    for _ in parquet_texts(tmp_path / "big.parquet", "text"):
+        rows += 1
+        held = max(held, pa.total_allocated_bytes()) if rows % 500 == 0 else held
+    assert rows == 60_000 and held < size / 8, (held, size)
