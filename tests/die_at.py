@@ -13,6 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
 from support import stopping  # noqa: E402
+from support.training import Run  # noqa: E402
 
 POINT, RANK = os.environ["DIE_AT"], int(os.environ["RANK"])
 steps = []
@@ -39,7 +40,7 @@ def wrap(owner, name, before=None, after=None):
 if RANK == 1:
     wrap(train, "train_step", before=lambda: steps.append(1) or (POINT == "step" and len(steps) == 3))
     wrap(stopping, "agreed_stop", before=lambda: POINT == "agreement" and len(steps) == 3)
-    wrap(train, "save_checkpoint", before=lambda: POINT == "checkpoint")
-    wrap(train, "score_and_keep_best", before=lambda: POINT == "evaluation")
+    wrap(Run, "save_checkpoint", before=lambda: POINT == "checkpoint")
+    wrap(Run, "score_and_keep_best", before=lambda: POINT == "evaluation")
     wrap(train, "train", after=lambda: POINT == "end")
 train.main(sys.argv[1:])

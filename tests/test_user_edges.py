@@ -131,7 +131,7 @@ def test_embed_reads_a_pipe_and_names_folders_and_devices(tmp_path, tiny, capsys
     for path, kind in ((tmp_path, "a folder"), (os.devnull, "a character device")):
         code, line = fails(E.main, ["--model", str(tiny), str(path), "--output", str(tmp_path / "x.npy")], capsys)
         assert code == 1 and line == (f"error: {path}: is {kind}, not a file of texts; embed.py reads .txt and .jsonl "
-                                      f"files (maybe .gz), pipes, and - for standard input"), line
+                                      f"files (maybe .gz), .parquet files, pipes, and - for standard input"), line
 
 
 # --- evaluation files --------------------------------------------------------------------------------------
