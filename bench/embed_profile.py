@@ -1,0 +1,132 @@
+"""
+Where embed.py's time goes on a CPU, against the processor's own limit: the first step of issue 55 (the plan follows
+the profile). One process, as `python embed.py` runs: imports, model load, reading and tokenising, the forward
+(with torch.profiler's time by op kind on one block), pooling, writing; then the matrix-multiply peak of this
+machine at the model's shapes (2,048 rows, 2 threads, bf16 and fp32, best of 5) and the share of it the dense
+layers reach, counted on real tokens only, over the whole process.
+
+    python bench/embed_profile.py                       # all-MiniLM-L6-v2 on STS-B train x 4 (45,992 lines)
+    python bench/embed_profile.py --lines 11498 --dtype fp32
+"""
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+t_start = time.perf_counter()
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import embed as E  # noqa: E402
+import model as M  # noqa: E402
+from support.cli import UserError, bench  # noqa: E402
+from support.device import device_and_dtype  # noqa: E402
+
+t_imports = time.perf_counter() - t_start
+KINDS = {"matmul": ("addmm", "mm", "linear", "bmm", "matmul", "onednn", "mkldnn"), "attention": ("attention",),
+         "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter"),
+         "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone")}
+
+
+def dense_flops(c) -> int:
+    """Multiply-adds x 2 of one token through the dense layers: q, k, v, the output, and the feed-forward."""
+    h, i = c.hidden_size, c.intermediate_size
+    return 2 * c.num_hidden_layers * (3 * h * h + h * h + 2 * h * i)
+
+
+def peak(c, dtype, threads: int) -> float:
+    """GFLOP/s of the model's products at 2,048 rows, the mix a token meets, best of 5."""
+    h, i = c.hidden_size, c.intermediate_size
+    torch.set_num_threads(threads)
+    shapes = [(h, 3 * h), (h, h), (h, i), (i, h)]
+    xs = [(torch.randn(2048, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for k, n in shapes]
+    flops = sum(2 * 2048 * k * n for k, n in shapes)
+    best = 0.0
+    for _ in range(5):
+        for a, b in xs:  # warm
+            a @ b
+        t = time.perf_counter()
+        for _ in range(10):
+            for a, b in xs:
+                a @ b
+        best = max(best, 10 * flops / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def op_kinds(model, tok, texts, dtype) -> dict:
+    """torch.profiler's CPU time by op kind, over one block of texts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tokenized = E.tokenize(texts, tok, E.max_tokens(model))
+    E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # oneDNN's kernels made before the profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        E.embed_tokenized(tokenized, model, tok, dtype=dtype)
+    kinds, total = defaultdict(float), 0.0
+    for ev in prof.key_averages():
+        if not ev.key.startswith("aten::"):
+            continue
+        total += ev.self_cpu_time_total
+        name = ev.key.removeprefix("aten::")
+        kind = next((k for k, words in KINDS.items() if any(w in name for w in words)), "other")
+        kinds[kind] += ev.self_cpu_time_total
+    return {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+
+
+@bench
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--lines", type=int, default=45_992)
+    ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
+    a = ap.parse_args()
+    shared = Path(a.shared)
+    model_dir, stsb = shared / "models/all-MiniLM-L6-v2", shared / "data/sts/stsbenchmark/sts-train.csv"
+    if not model_dir.exists() or not stsb.exists():
+        raise UserError(f"{shared}: needs models/all-MiniLM-L6-v2 and sts-train.csv (--shared)")
+    threads = torch.get_num_threads()
+    wall = {"imports (torch, numpy, the project)": t_imports}
+    t = time.perf_counter()
+    model, tok = M.load_pretrained(str(model_dir), quiet=True)
+    wall["model load"] = time.perf_counter() - t
+    device, dtype = device_and_dtype("cpu", a.dtype)
+    t = time.perf_counter()
+    rows = stsb.read_text(encoding="utf-8").splitlines()
+    texts = ([s for r in rows for s in r.split("\t")[5:7]] * 4)[:a.lines]
+    tokenized = E.tokenize(texts, tok, E.max_tokens(model))
+    wall["reading and tokenising"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = E.embed_tokenized(tokenized, model, tok, dtype=dtype)
+    wall["forward and pooling"] = time.perf_counter() - t
+    t = time.perf_counter()
+    np.save(Path(os.environ.get("TMPDIR", "/tmp")) / f"embed_profile-{os.getpid()}.npy", out)
+    os.remove(Path(os.environ.get("TMPDIR", "/tmp")) / f"embed_profile-{os.getpid()}.npy")
+    wall["writing"] = time.perf_counter() - t
+    whole = sum(wall.values())
+    tokens = sum(len(p) for p in tokenized.pieces)
+    achieved = tokens * dense_flops(model.config) / whole / 1e9
+    peaks = {"fp32": peak(model.config, torch.float32, threads)}
+    if dtype == torch.bfloat16:  # where embed.py runs bf16, the processor multiplies it
+        peaks["bf16"] = peak(model.config, torch.bfloat16, threads)
+    kinds = op_kinds(model, tok, texts[:16384], dtype)
+    name = str(dtype).removeprefix("torch.") if dtype else "float32"
+    print(f"all-MiniLM-L6-v2, {len(texts):,} lines, {tokens:,} tokens ({tokens / len(texts):.1f} a line), dtype "
+          f"{name}, {threads} threads, torch {torch.__version__}\n")
+    print("| part of the process | seconds | share |\n|---|---|---|")
+    for k, v in wall.items():
+        print(f"| {k} | {v:.2f} | {100 * v / whole:.1f}% |")
+    print(f"| whole | {whole:.2f} | {len(texts) / whole:,.0f} lines/s |\n")
+    print("| op kind (forward, one block, torch.profiler self CPU time) | share |\n|---|---|")
+    for k, v in kinds.items():
+        print(f"| {k} | {100 * v:.1f}% |")
+    best = max(peaks.values())
+    print(f"\ndense layers over the whole process: {achieved:,.0f} GFLOP/s; the model's products here: "
+          + ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in peaks.items())
+          + f" (2,048 rows, {threads} threads); **{100 * achieved / best:.0f}% of the best**")
+
+
+if __name__ == "__main__":
+    main()
