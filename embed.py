@@ -113,7 +113,7 @@ def max_tokens(model) -> int:
     return min(model.config.max_tokens, limit)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode, under which autocast casts every weight to bf16 again for every batch
 def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
                     dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
     """encode() after tokenize(), with dropout off. On a GPU nothing here waits for the GPU but the one copy back at

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from support import configs, demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
-from support.device import compiled
+from support.device import attention, compiled
 from support.files import check_out_folder
 
 
@@ -127,7 +127,7 @@ class Packing:
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
         self.key_mask = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
-        self.bands = {}  # window -> attend()'s mask
+        self.bands, self.cos_sin = {}, {}  # window -> attend()'s mask; (theta, head size) -> turns()'s
 
     @classmethod
     def of(cls, B: int, T: int, attention_mask=None):
@@ -148,6 +148,13 @@ class Packing:
             self.bands[window] = band if self.key_mask is None else band & self.key_mask
         return self.bands[window]
 
+    def turns(self, theta: float, hd: int, device):
+        """rotary()'s cos and sin at every position, (T, hd): made once a forward for the layers of one theta."""
+        if (theta, hd) not in self.cos_sin:
+            angle = torch.arange(self.T, device=device)[:, None] / theta ** (torch.arange(0, hd, 2, device=device) / hd)
+            self.cos_sin[theta, hd] = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()
+        return self.cos_sin[theta, hd]
+
     def pack(self, x):
         """(B, T, ...) -> (N, ...)"""
         x = x.flatten(0, 1)
@@ -160,12 +167,9 @@ class Packing:
         return x.view(self.B, self.T, *x.shape[1:])
 
 
-def rotary(x, theta: float):
+def rotary(x, cos, sin):
     """ModernBERT's positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of the token at
-    position t turned by the angle t / theta^(2i/hd), so that a query-key product depends on their distance."""
-    T, hd = x.shape[-2:]
-    angle = torch.arange(T, device=x.device)[:, None] / theta ** (torch.arange(0, hd, 2, device=x.device) / hd)
-    cos, sin = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()  # (T, hd)
+    position t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key product depends on their distance."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
@@ -191,9 +195,10 @@ class SelfAttention(nn.Module):
         qkv = packing.unpack(self.qkv(self.pre(x)))  # (B, T, 3H), zeros at padding
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         if self.theta is not None:
-            q, k = rotary(q, self.theta), rotary(k, self.theta)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.attend(self.window, x.device),
-                                           dropout_p=self.p if self.training else 0.0)  # (B, nh, T, hd)
+            turns = packing.turns(self.theta, H // self.n_head, x.device)
+            q, k = rotary(q, *turns), rotary(k, *turns)
+        y = attention(q, k, v, packing.attend(self.window, x.device),
+                      self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 

@@ -27,7 +27,10 @@ from support.cli import UserError, bench  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
 
 t_imports = time.perf_counter() - t_start
-KINDS = {"matmul": ("addmm", "mm", "linear", "bmm", "matmul", "onednn", "mkldnn"), "attention": ("attention",),
+# The dense layers are addmm; attention is the fused kernel, or for short rows on a CPU (support.device.attention)
+# batched matmuls around a masked softmax
+KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
+         "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
          "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone")}
 
@@ -126,6 +129,9 @@ def main():
     print(f"\ndense layers over the whole process: {achieved:,.0f} GFLOP/s; the model's products here: "
           + ", ".join(f"{k} {v:,.0f} GFLOP/s" for k, v in peaks.items())
           + f" (2,048 rows, {threads} threads); **{100 * achieved / best:.0f}% of the best**")
+    # What a processor with faster matrix units (AMX) does not speed up: the whole less the dense layers' share
+    outside = whole - wall["forward and pooling"] * kinds.get("dense matmuls", 0.0)
+    print(f"outside the dense matmuls: {outside:.2f} s, {1000 * outside / len(texts):.3f} ms a line")
 
 
 if __name__ == "__main__":

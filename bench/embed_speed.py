@@ -1,8 +1,10 @@
 """
 embed.py against sentence-transformers on a CPU, side by side in one run: each arm one whole process (start, model
 load, tokenising, embedding, writing the rows) on the same lines, the arms alternating, median of --repeats. Per arm:
-sentences/s, peak memory, the lowest cosine of its rows to sentence-transformers' fp32 rows, and the STS-B dev score
-of its embeddings; then embed.py's default beside one busy process against alone. Names the processor it ran on.
+sentences/s, the share of the processor's matrix-multiply peak its dense layers reach over the whole process (real
+tokens only; the peak measured in the same run, bench/embed_profile.py's), peak memory, the lowest cosine of its rows
+to sentence-transformers' fp32 rows, and the STS-B dev score of its embeddings; then embed.py's default beside one
+busy process against alone. Names the processor it ran on.
 
     python bench/embed_speed.py --backends-python ~/venvs/backends/bin/python    # every arm, about 45 min on 2 cores
     python bench/embed_speed.py --lines 11498 --repeats 1                         # quicker
@@ -102,8 +104,10 @@ def side_by_side(a, d: Path):
         shutil.copytree(model, exported)
         subprocess.run([a.backends_python, str(ROOT / "bench" / "st_encode.py"), "prepare", str(exported)], check=True)
     runs = arms(a, model, exported, has_bf16)
+    work, best = useful_flops(model, lines), peak_of_this_processor(model, has_bf16)
     print(f"{processor()}; torch {torch.__version__}; {n:,} lines (STS-B train x 4); whole process each, "
-          f"median of {a.repeats} alternating runs\n", flush=True)
+          f"median of {a.repeats} alternating runs; the model's products here: {best:,.0f} GFLOP/s at best\n",
+          flush=True)
     seconds, peak = {k: [] for k in runs}, {}
     for _ in range(a.repeats):
         for name, cmd in runs.items():
@@ -128,15 +132,42 @@ def side_by_side(a, d: Path):
             v[len(s1):], axis=1)
         rate = n / statistics.median(seconds[name])
         spread = f"{n / max(seconds[name]):,.0f}–{n / min(seconds[name]):,.0f}"
+        share = work / statistics.median(seconds[name]) / 1e9 / best
         table.append(dict(arm=name, sentences_per_s=round(rate), range=spread, ratio=round(rate / st_rate, 2),
+                          of_peak=round(share, 3),
                           lowest_cosine=float(cos.min()), stsb_dev=round(100 * spearman(pairs, gold), 2),
                           peak_mb=round(peak[name])))
-    print("\n| arm | sentences/s (range) | × sentence-transformers' default | lowest cosine to its fp32 rows | "
-          "STS-B dev | peak MB |\n|---|---|---|---|---|---|")
+    print("\n| arm | sentences/s (range) | × sentence-transformers' default | of the matmul peak | lowest cosine to "
+          "its fp32 rows | STS-B dev | peak MB |\n|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['arm']} | {r['sentences_per_s']:,} ({r['range']}) | {r['ratio']:.2f} | {r['lowest_cosine']:.6f} | "
-              f"{r['stsb_dev']:.2f} | {r['peak_mb']:,} |")
+        print(f"| {r['arm']} | {r['sentences_per_s']:,} ({r['range']}) | {r['ratio']:.2f} | "
+              f"{100 * r['of_peak']:.0f}% | {r['lowest_cosine']:.6f} | {r['stsb_dev']:.2f} | {r['peak_mb']:,} |")
     return n, lines, runs, table
+
+
+def useful_flops(model: Path, lines: Path) -> float:
+    """The dense layers' arithmetic on the lines' real tokens (padding, which some arms compute, is not useful work)."""
+    from embed_profile import dense_flops
+
+    import embed as E
+    import model as M
+
+    config, tok = M.load_config_and_tokenizer(str(model))
+    texts = lines.read_text(encoding="utf-8").splitlines()
+    return dense_flops(config) * sum(len(p) for p in E.tokenize(texts, tok, config.max_tokens).pieces)
+
+
+def peak_of_this_processor(model: Path, has_bf16: bool) -> float:
+    """GFLOP/s of the model's own products on this processor's threads: the best of fp32 and, where the processor
+    multiplies it, bf16."""
+    import torch
+    from embed_profile import peak
+
+    import model as M
+
+    config, _ = M.load_config_and_tokenizer(str(model))
+    threads = torch.get_num_threads()
+    return max([peak(config, torch.float32, threads)] + ([peak(config, torch.bfloat16, threads)] if has_bf16 else []))
 
 
 def beside_busy(a, n: int, lines: Path, runs: dict, d: Path) -> list:

@@ -116,6 +116,21 @@ def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
     assert cos.min() >= 0.9999, cos.min()
 
 
+def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny):
+    """Autocast keeps one bf16 copy of each weight for all of a call's batches; under inference_mode it would cast
+    every weight again for every batch (its cache skips such calls): the casts of the up-projections' weights,
+    counted by torch.profiler over a call of many batches, are one per layer."""
+    model, tok = M.load_pretrained(str(tiny))
+    c = model.config
+    texts = [f"the cat sat on mat {i} " * (1 + i % 7) for i in range(60)]
+    with torch.profiler.profile(record_shapes=True) as prof:
+        E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=128)
+    batches = sum(e.count for e in prof.key_averages() if e.key == "aten::gelu") // c.num_hidden_layers
+    casts = sum(e.count for e in prof.key_averages(group_by_input_shape=True)
+                if e.key == "aten::_to_copy" and e.input_shapes[:1] == [[c.intermediate_size, c.hidden_size]])
+    assert batches >= 5 and casts == c.num_hidden_layers, (batches, casts)
+
+
 def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
     """Batches as wide as a multiple of 8 and token counts a multiple of 64 (a CPU's bf16 shapes), here in fp32:
     the naive loop's embeddings; the extra positions are padding, and every real one is among them."""

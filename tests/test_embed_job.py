@@ -315,18 +315,24 @@ def test_a_stop_before_any_block_leaves_nothing_and_overwrite_starts_afresh(tmp_
     assert out.read_bytes() == (small / "one.jsonl").read_bytes() and not embed_job.job_folder(out).exists()
 
 
-def test_a_write_that_fails_half_way_keeps_the_blocks_before_it(tmp_path, tiny, small, monkeypatch, capsys):
-    """A disk that fills up in the middle: one line naming the output, the error and the rows kept; --resume on a
-    freed disk finishes the job as one process would have."""
-    out, real, calls = tmp_path / "f.npy", os.pwrite, []
+def disk_full_at(n: int, monkeypatch):
+    """embed_job's os.pwrite as a disk that fills up at its n-th write; returns the real one, to put back."""
+    real, calls = os.pwrite, []
 
     def full(fd, data, offset):
         calls.append(1)
-        if len(calls) == 5:
+        if len(calls) == n:
             raise OSError(28, "No space left on device")
         return real(fd, data, offset)
 
     monkeypatch.setattr(embed_job.os, "pwrite", full)
+    return real
+
+
+def test_a_write_that_fails_half_way_keeps_the_blocks_before_it(tmp_path, tiny, small, monkeypatch, capsys):
+    """A disk that fills up in the middle: one line naming the output, the error and the rows kept; --resume on a
+    freed disk finishes the job as one process would have."""
+    out, real = tmp_path / "f.npy", disk_full_at(5, monkeypatch)
     with pytest.raises(SystemExit) as e:
         E.main(args(tiny, small, out))
     assert e.value.code == 1

@@ -7,11 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 import embed as E
 import model as M
 from conftest import minilm, oracle, stsb_sentences
+from support import device as D
 from support import hub as H
 from support.cli import UserError
 
@@ -95,6 +97,41 @@ def test_parity_with_transformers(kind, tmp_path):
     with torch.no_grad():  # a batch without padding takes the plain path
         full = ours(ids[:1], mask[:1])
     torch.testing.assert_close(full, ref.hidden_states[-1][:1], rtol=0, atol=1e-5)
+
+
+def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
+    """support.device.attention writes out, for short rows on a CPU, what scaled_dot_product_attention computes: against
+    SDPA in float64 for key masks, ModernBERT's bands and no mask; a query that may see no key comes out finite; the
+    fused kernel still runs for longer rows and under dropout; and a whole encoder gives the same states either way."""
+    g = torch.Generator().manual_seed(0)
+    for T in (1, 7, D.SHORT_ROWS):
+        q, k, v = (torch.randn(5, 3, T, 8, generator=g) for _ in range(3))
+        lengths = torch.tensor([T, 1, max(1, T // 2), T, 2])
+        keys = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+        band = (torch.arange(T)[:, None] - torch.arange(T)[None]).abs() <= 2
+        for mask in (keys, keys & band, None):
+            seen = slice(None) if mask is None else mask.expand(5, 3, T, T).any(-1)  # queries that see a key
+            exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)[seen]
+            torch.testing.assert_close(D.attention(q, k, v, mask).double()[seen], exact, rtol=0, atol=1e-6)
+            fused = (F.scaled_dot_product_attention(*(x.bfloat16() for x in (q, k, v)), attn_mask=mask).double()[seen]
+                     - exact).abs().max()  # bf16's own error, in the fused kernel
+            ours = (D.attention(*(x.bfloat16() for x in (q, k, v)), mask).double()[seen] - exact).abs().max()
+            assert ours <= 3 * fused + 1e-2, (T, ours, fused)
+    nobody = torch.zeros(1, 1, 1, 4, dtype=torch.bool)  # a row of padding alone
+    assert torch.isfinite(D.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody)).all()
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].shape[-2]) or a[0])
+    for T, p in ((D.SHORT_ROWS, 0.0), (D.SHORT_ROWS + 1, 0.0), (8, 0.1)):
+        D.attention(*(torch.randn(2, 2, T, 8) for _ in range(3)), None, p)
+    assert calls == [D.SHORT_ROWS + 1, 8]
+    monkeypatch.undo()
+    enc = M.Encoder(M.ModelConfig(**TINY, max_position_embeddings=100)).eval()
+    ids, mask = torch.randint(3, 300, (3, 90), generator=g), torch.ones(3, 90, dtype=torch.long)
+    mask[1, 40:], mask[2, 7:] = 0, 0
+    with torch.no_grad():
+        fused = enc(ids, mask)  # 90 tokens: the fused kernel
+        monkeypatch.setattr(D, "SHORT_ROWS", 128)
+        torch.testing.assert_close(enc(ids, mask), fused, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["roberta", "bert"])

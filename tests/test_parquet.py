@@ -10,6 +10,7 @@ import pytest
 
 import embed as E
 from conftest import ROOT, WORDS, oracle
+from support import corpus
 from support.cli import UserError
 from support.corpus import prepare_corpus
 
@@ -81,7 +82,7 @@ def test_a_folder_of_parquet_files_trains(tmp_path, tiny):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny):
+def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny, monkeypatch):
     """The same rows, byte for byte, on one process and on two (each reads its own blocks of the row groups);
     a null row is an empty text, so that row i of the output is row i of the file."""
     docs = [t[:200] if t else t for t in texts(120)]
@@ -92,6 +93,11 @@ def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny):
                 "--dtype", "fp32"])
     a, b = np.load(tmp_path / "parquet.npy"), np.load(tmp_path / "jsonl.npy")
     assert a.shape[0] == 120 and a.tobytes() == b.tobytes()
+    decoded, real = [], corpus.parquet_texts  # the count comes from the footer: every string is decoded once
+    monkeypatch.setattr(corpus, "parquet_texts", lambda *args: decoded.append(args) or real(*args))
+    E.main(["--model", str(tiny), str(pq_file), "--output", str(tmp_path / "again.npy"), "--block", "25",
+            "--dtype", "fp32"])
+    assert len(decoded) == 1 and np.load(tmp_path / "again.npy").tobytes() == a.tobytes()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", "29641",
            str(ROOT / "embed.py"), "--model", str(tiny), str(pq_file), "--output", str(tmp_path / "two.npy"),
            "--block", "25", "--dtype", "fp32", "--threads", "1"]

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_embed_job import args, small  # noqa: F401 (small: a fixture)
+from test_embed_job import args, disk_full_at, small  # noqa: F401 (small: a fixture)
 
 import embed as E
 from conftest import ROOT, minilm, oracle, stsb_dev
@@ -54,15 +54,7 @@ def test_two_processes_and_a_resume_give_one_process_bytes(tmp_path, tiny, small
     assert (tmp_path / "two.npy").read_bytes() == one
     assert (tmp_path / "two.ranges.npy").read_bytes() == (tmp_path / "one.ranges.npy").read_bytes()
     # a disk that fills half way: the blocks before it are kept (as float32), --resume ends with the same bytes
-    real, calls = os.pwrite, []
-
-    def full(fd, data, offset):
-        calls.append(1)
-        if len(calls) == 5:
-            raise OSError(28, "No space left on device")
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(embed_job.os, "pwrite", full)
+    real = disk_full_at(5, monkeypatch)
     with pytest.raises(SystemExit):
         E.main(args(tiny, small, tmp_path / "r.npy", "--output-dtype", "int8"))
     assert not (tmp_path / "r.npy").exists() and not (tmp_path / "r.ranges.npy").exists()
