@@ -104,7 +104,7 @@ def side_by_side(a, d: Path):
         shutil.copytree(model, exported)
         subprocess.run([a.backends_python, str(ROOT / "bench" / "st_encode.py"), "prepare", str(exported)], check=True)
     runs = arms(a, model, exported, has_bf16)
-    work, best = useful_flops(model, lines), peak_of_this_processor(model, has_bf16)
+    work, best = work_and_peak(model, lines, has_bf16)
     print(f"{processor()}; torch {torch.__version__}; {n:,} lines (STS-B train x 4); whole process each, "
           f"median of {a.repeats} alternating runs; the model's products here: {best:,.0f} GFLOP/s at best\n",
           flush=True)
@@ -145,29 +145,21 @@ def side_by_side(a, d: Path):
     return n, lines, runs, table
 
 
-def useful_flops(model: Path, lines: Path) -> float:
-    """The dense layers' arithmetic on the lines' real tokens (padding, which some arms compute, is not useful work)."""
-    from embed_profile import dense_flops
+def work_and_peak(model: Path, lines: Path, has_bf16: bool) -> tuple[float, float]:
+    """(FLOP, GFLOP/s): the dense layers' arithmetic on the lines' real tokens (padding, which some arms compute, is
+    not useful work), and the model's own products on this processor's threads, the best of fp32 and, where the
+    processor multiplies it, bf16."""
+    import torch
+    from embed_profile import dense_flops, peak
 
     import embed as E
     import model as M
 
     config, tok = M.load_config_and_tokenizer(str(model))
     texts = lines.read_text(encoding="utf-8").splitlines()
-    return dense_flops(config) * sum(len(p) for p in E.tokenize(texts, tok, config.max_tokens).pieces)
-
-
-def peak_of_this_processor(model: Path, has_bf16: bool) -> float:
-    """GFLOP/s of the model's own products on this processor's threads: the best of fp32 and, where the processor
-    multiplies it, bf16."""
-    import torch
-    from embed_profile import peak
-
-    import model as M
-
-    config, _ = M.load_config_and_tokenizer(str(model))
-    threads = torch.get_num_threads()
-    return max([peak(config, torch.float32, threads)] + ([peak(config, torch.bfloat16, threads)] if has_bf16 else []))
+    work = dense_flops(config) * sum(len(p) for p in E.tokenize(texts, tok, config.max_tokens).pieces)
+    dtypes = [torch.float32] + ([torch.bfloat16] if has_bf16 else [])
+    return work, max(peak(config, dtype, torch.get_num_threads()) for dtype in dtypes)
 
 
 def beside_busy(a, n: int, lines: Path, runs: dict, d: Path) -> list:

@@ -107,7 +107,7 @@ ATTENTION_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 # Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls around a softmax
 # than in its flash kernel, whose fixed cost per (row, head) is several times the arithmetic at these lengths
-# (all-MiniLM-L6-v2 on STS-B's sentences, 14-16 tokens: attention from 17% of the forward to 9%; the kernel wins
+# (all-MiniLM-L6-v2 on STS-B's sentences, 14 tokens: attention from 15-16% of the forward to 7-8%; the kernel wins
 # again from about 128 tokens; docs/measurements.md). GPUs, and training's dropout, keep the fused kernels.
 SHORT_ROWS = 64
 
@@ -116,7 +116,8 @@ def attention(q, k, v, mask, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(hd), where mask) v for (B, nh, T, hd) q, k, v and a bool mask broadcast to (B, nh, T, T)
     (None: everything): scaled_dot_product_attention in the kernels of ATTENTION_KERNELS, or on a CPU, for rows of
     up to SHORT_ROWS tokens without dropout, the same written out, the softmax in fp32 as the flash kernel's is."""
-    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:  # training's test, then the length's
+    # Dropout tested first, so that a compiled training step never guards its graph on a batch's length
+    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5)  # (B, nh, T, T)
     if mask is not None:  # the lowest finite score, not -inf: a query with no key to see gets a finite mean, not NaN
