@@ -24,7 +24,7 @@ import torch
 from model import Packing, load_pretrained, mean_pool
 from support import embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
-from support.device import OnDevice, compute, cpu_threads, device_and_dtype, to_device
+from support.device import OnDevice, compute, cpu_threads, device_and_dtype, packed_linears, to_device
 from support.hub import special_ids
 from support.processes import processes
 
@@ -121,17 +121,16 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     there."""
     device, pieces, pad = next(model.parameters()).device, tokenized.pieces, special_ids(tok)["pad"]
     budget = batch_tokens or (65536 if device.type == "cuda" else 2048)  # a CPU's: cache-sized
-    width = embedding.shape_multiples(device, dtype)[0]
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
     # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch), and the
     # attention kernels chosen on purpose (support/device.py)
-    with embedding.eval_mode(model), compute(dtype, device):
+    with embedding.eval_mode(model), packed_linears(model, dtype), compute(dtype, device):
         # Longest first, in batches of similar length: little compute goes to padding
-        for rows, T in length_batches(pieces, budget, width, model.config.max_tokens):
-            # The batch padded to T, and where its real tokens are, worked out on the host (None: it has no padding)
-            ids, mask, positions = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
-            h = model(ids, mask, Packing(*ids.shape, positions, mask))  # (rows, T, H)
+        for rows, T in length_batches(pieces, budget):
+            # The batch padded to T, and where its real tokens are, worked out on the host (None: run as it is)
+            ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
+            h = model(ids, mask, Packing(*ids.shape, positions, attend))  # (rows, T, H)
             # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
             out.index_copy_(0, to_device(rows, device), mean_pool(h.float(), mask))
             finished(rows)
@@ -150,15 +149,14 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
 MAX_ROWS = 32768
 
 
-def length_batches(pieces, budget: int, width: int, max_tokens: int):
+def length_batches(pieces, budget: int):
     """(rows, T): the pieces longest first, in batches of at most `budget` padded tokens (the longest piece alone if it
-    is over) and MAX_ROWS rows, T the batch's width rounded up to a multiple of `width` as far as the model's positions
-    go. Longest first: a batch that does not fit in memory fails at once."""
+    is over) and MAX_ROWS rows, T the batch's longest. Longest first: a batch that does not fit in memory fails at
+    once."""
     order = np.argsort([len(p) for p in pieces], kind="stable")[::-1]
     i = 0
     while i < len(order):
-        longest = len(pieces[order[i]])
-        T = min(-(-longest // width) * width, max(longest, max_tokens))
+        T = len(pieces[order[i]])
         j = min(len(order), i + min(MAX_ROWS, max(1, budget // T)))  # the first is the longest: rows x T <= budget
         yield order[i:j], T
         i = j

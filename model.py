@@ -119,14 +119,14 @@ class Embeddings(nn.Module):
 class Packing:
     """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers run on. Spans of
     32-512 tokens batched together are often half padding (§3.1's lengths): every token-wise matmul runs on the real
-    tokens only (and on a few padding places more where a caller rounds N up: embed.py in bf16 on a CPU), and padding
-    exists only inside attention, masked there. positions None: a batch without padding, left as it is and attending
-    without a mask."""
+    tokens only (and on a few padding places more where a caller rounds N up), and padding exists only inside
+    attention, masked there. positions None: the batch left as it is, attending without a mask unless one is given
+    (embed.py's batches of texts of near-equal lengths, whose few padding places cost less to run than to take out)."""
 
     def __init__(self, B: int, T: int, positions=None, attention_mask=None):
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
-        self.key_mask = None if positions is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) to attend
+        self.key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
         self.bands, self.cos_sin = {}, {}  # window -> attend()'s mask; (theta, head size) -> turns()'s
 
     @classmethod
@@ -257,8 +257,8 @@ class Encoder(nn.Module):
         self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
 
     def forward(self, input_ids, attention_mask=None, packing: Packing | None = None):
-        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at padding). Every token-wise layer
-        runs on the real tokens only: `packing` says where they are, found from the mask where it is not given."""
+        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at packed padding). Token-wise
+        layers run on the real tokens only: `packing` says where they are, found from the mask where it is not given."""
         packing = packing or Packing.of(*input_ids.shape, attention_mask)
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
@@ -296,7 +296,7 @@ def mean_pool(hidden, attention_mask):
 def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
     """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
     What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask, Packing(*ids.shape, positions, mask))  # (g, T, H)
+    h = encoder(ids, mask, Packing(*ids.shape, positions, None if positions is None else mask))  # (g, T, H)
     # §3.1: a span's embedding is the mean of its token states
     emb = mean_pool(h, mask).float()  # (g, H)
     if masked_at is None:

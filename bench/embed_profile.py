@@ -27,12 +27,13 @@ from support.cli import UserError, bench  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
 
 t_imports = time.perf_counter() - t_start
-# The dense layers are addmm; attention is the fused kernel, or for short rows on a CPU (support.device.attention)
-# batched matmuls around a masked softmax
+# The dense layers are oneDNN's packed products (support.device.PackedLinear), addmm where they are not; attention is
+# the fused kernel, or for short rows on a CPU (support.device.attention) batched matmuls around a masked softmax;
+# laying a weight out for oneDNN is a copy. The first kind whose words are in an op's name is its kind.
 KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
+         "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
          "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
-         "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter"),
-         "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone")}
+         "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter")}
 
 
 def dense_flops(c) -> int:
@@ -70,10 +71,10 @@ def op_kinds(model, tok, texts, dtype) -> dict:
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)
     kinds, total = defaultdict(float), 0.0
     for ev in prof.key_averages():
-        if not ev.key.startswith("aten::"):
+        if not ev.key.startswith(("aten::", "mkldnn::")):
             continue
         total += ev.self_cpu_time_total
-        name = ev.key.removeprefix("aten::")
+        name = ev.key.split("::", 1)[1]
         kind = next((k for k, words in KINDS.items() if any(w in name for w in words)), "other")
         kinds[kind] += ev.self_cpu_time_total
     return {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}

@@ -1,4 +1,5 @@
 """embed.py against sentence-transformers on the same model and texts, a naive loop, and bad input."""
+import contextlib
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import torch
 import embed as E
 import model as M
 from conftest import ROOT, minilm, oracle, stsb_sentences
+from support import device as D
 from support import embedding
 from support.device import device_and_dtype
 
@@ -116,24 +118,61 @@ def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
     assert cos.min() >= 0.9999, cos.min()
 
 
-def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny):
+def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny, monkeypatch):
     """Autocast keeps one bf16 copy of each weight for all of a call's batches; under inference_mode it would cast
     every weight again for every batch (its cache skips such calls): the casts of the up-projections' weights,
-    counted by torch.profiler over a call of many batches, are one per layer."""
+    counted by torch.profiler over a call of many batches, are one per layer. On a CPU, oneDNN's packed weights
+    likewise: laid out once a call, the GELU inside the product (no aten::gelu), four products a layer a batch."""
     model, tok = M.load_pretrained(str(tiny))
     c = model.config
     texts = [f"the cat sat on mat {i} " * (1 + i % 7) for i in range(60)]
-    with torch.profiler.profile(record_shapes=True) as prof:
-        E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=128)
-    batches = sum(e.count for e in prof.key_averages() if e.key == "aten::gelu") // c.num_hidden_layers
-    casts = sum(e.count for e in prof.key_averages(group_by_input_shape=True)
-                if e.key == "aten::_to_copy" and e.input_shapes[:1] == [[c.intermediate_size, c.hidden_size]])
-    assert batches >= 5 and casts == c.num_hidden_layers, (batches, casts)
+
+    def ops(**kw):
+        with torch.profiler.profile(record_shapes=True) as prof:
+            E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=128)
+        return {e.key: e.count for e in prof.key_averages(**kw) if not kw or e.input_shapes[:1] == [
+            [c.intermediate_size, c.hidden_size]]}
+
+    packed = ops()
+    batches = packed["mkldnn::_linear_pointwise"] // (4 * c.num_hidden_layers)
+    assert packed["mkldnn::_reorder_linear_weight"] == 4 * c.num_hidden_layers and "aten::gelu" not in packed
+    monkeypatch.setattr(E, "packed_linears", lambda model, dtype: contextlib.nullcontext())  # as on a GPU
+    assert ops()["aten::gelu"] == batches * c.num_hidden_layers and batches >= 5
+    assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
+
+
+def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeypatch):
+    """support.device.packed_linears: in fp32 the naive loop's embeddings, for BERT's GELU, its tanh form (fused
+    too) and ReLU (not fused); the model's own modules back afterwards, after an error too; ModernBERT's gated
+    activation is left to the model."""
+    model, tok = M.load_pretrained(str(tiny))
+    texts = ["the cat sat", "a dog barked at the moon " * 9, "", "the mat " * 30, "moon"] * 3
+    for act in ("gelu", "gelu_new", "relu"):
+        for layer in model.layers:
+            layer.ffn.act = M.ACTIVATIONS[act]
+        np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=100), naive(texts, model, tok), atol=1e-5)
+    g = torch.Generator().manual_seed(0)
+    linear, x = torch.nn.Linear(64, 96), torch.randn(50, 64, generator=g)  # pre-activations ~ N(0, 1/3)
+    for act in ("gelu", "gelu_new"):  # where erf's and tanh's GELU differ by up to 1e-4
+        fused = D.PackedLinear(linear, torch.float32, D.fusable(M.ACTIVATIONS[act]))
+        torch.testing.assert_close(fused(x), M.ACTIVATIONS[act](linear(x)), rtol=0, atol=2e-6)
+    model.layers[1].ffn.act = M.ACTIVATIONS["gelu"]
+    before = [(name, type(m), getattr(m, "act", None)) for name, m in model.named_modules()]
+    with pytest.raises(RuntimeError, match="stop"), D.packed_linears(model.eval(), None):
+        assert isinstance(model.layers[1].ffn.up, D.PackedLinear) and model.layers[1].ffn.up.attr == "gelu"
+        assert model.layers[0].ffn.up.attr == "none" and isinstance(model.layers[0].attn.qkv, D.PackedLinear)
+        raise RuntimeError("stop")  # as an error inside a call
+    assert [(name, type(m), getattr(m, "act", None)) for name, m in model.named_modules()] == before
+    modern = M.Encoder(M.ModelConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, model_type="modernbert", local_attention=8,
+                                     global_attn_every_n_layers=2, global_rope_theta=1e4, local_rope_theta=1e4)).eval()
+    with D.packed_linears(modern, None):
+        assert modern.layers[0].ffn.act is M.ACTIVATIONS["gelu"] and modern.layers[0].ffn.up.attr == "none"
 
 
 def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
-    """Batches as wide as a multiple of 8 and token counts a multiple of 64 (a CPU's bf16 shapes), here in fp32:
-    the naive loop's embeddings; the extra positions are padding, and every real one is among them."""
+    """Packed token counts a multiple of 64 (a CPU's bf16 shapes), here in fp32, every batch with padding packed and
+    none: the naive loop's embeddings; the extra positions are padding, and every real one is among them."""
     lengths, T = np.array([5, 3, 8, 1]), 8
     for multiple in (1, 4, 16, 64):
         positions = embedding.token_positions(lengths, T, multiple)
@@ -142,10 +181,18 @@ def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
         assert len(positions) % multiple == 0 or len(positions) == len(real)  # too little padding to round up
         assert (np.sort(positions) == positions).all()
     assert len(embedding.token_positions(lengths, T, 4)) == 20 and len(embedding.token_positions(lengths, T, 64)) == 17
+    cpu = torch.device("cpu")
+    ids, mask, positions, attend = embedding.padded_batch([[5] * 8] * 3 + [[5] * 7], 0, 8, cpu, None)
+    assert positions is None and attend is mask and mask.sum() == 31  # 1 padding place in 32: run as it is
+    assert embedding.padded_batch([[5] * 8] * 4, 0, 8, cpu, None)[2:] == (None, None)  # no padding: no mask either
+    ids, mask, positions, attend = embedding.padded_batch([[5] * 8, [5] * 2], 0, 8, cpu, None)
+    assert positions.tolist() == [*range(8), 8, 9] and attend is mask  # 6 in 16: packed
     model, tok = M.load_pretrained(str(tiny))
     texts = ["the cat sat", "a dog barked at the moon " * 9, "the mat " * 30, "moon", "sat on the mat"] * 4
-    monkeypatch.setattr(embedding, "shape_multiples", lambda device, dtype: (8, 64))
-    np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=200), naive(texts, model, tok), atol=1e-5)
+    monkeypatch.setattr(embedding, "token_multiple", lambda device, dtype: 64)
+    for share in (0.0, 1.0):  # every batch with padding packed; none
+        monkeypatch.setattr(embedding, "PACK_ABOVE", share)
+        np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=200), naive(texts, model, tok), atol=1e-5)
 
 
 def run(*args, stdin=None):
