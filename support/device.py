@@ -166,8 +166,8 @@ def packed_linears(model, dtype):
     """While a model embeds on a CPU: each nn.Linear of its layers run as a PackedLinear in `dtype` (None: fp32), and
     a feed-forward's GELU (model.FeedForward's `up` and `act`; not a gated one) applied inside the product before
     it; the model as it was afterwards. One feed-forward of all-MiniLM-L6-v2 on 2,048 tokens: 12.3-13.0 ms against
-    17.5-18.8 in bf16 (docs/measurements.md). A GPU, training, or a torch without oneDNN: nothing changes."""
-    on_cpu = next(model.parameters()).device.type == "cpu"
+    17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, or a torch without oneDNN: nothing changes."""
+    on_cpu = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
     if not on_cpu or model.training or not torch.backends.mkldnn.is_available():
         yield
         return

@@ -168,6 +168,8 @@ def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeyp
                                      global_attn_every_n_layers=2, global_rope_theta=1e4, local_rope_theta=1e4)).eval()
     with D.packed_linears(modern, None):
         assert modern.layers[0].ffn.act is M.ACTIVATIONS["gelu"] and modern.layers[0].ffn.up.attr == "none"
+    with D.packed_linears(model, torch.float16), D.packed_linears(model.train(), None):  # left as they are
+        assert type(model.layers[0].ffn.up) is torch.nn.Linear
 
 
 def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
