@@ -123,8 +123,8 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     budget = batch_tokens or (65536 if device.type == "cuda" else 2048)  # a CPU's: cache-sized
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
-    # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch), and the
-    # attention kernels chosen on purpose (support/device.py)
+    # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch; on a CPU the
+    # linear layers' weights are laid out for oneDNN once instead), and the attention kernels chosen on purpose
     with embedding.eval_mode(model), packed_linears(model, dtype), compute(dtype, device):
         # Longest first, in batches of similar length: little compute goes to padding
         for rows, T in length_batches(pieces, budget):

@@ -167,8 +167,8 @@ def packed_linears(model, dtype):
     a feed-forward's GELU (model.FeedForward's `up` and `act`; not a gated one) applied inside the product before
     it; the model as it was afterwards. One feed-forward of all-MiniLM-L6-v2 on 2,048 tokens: 12.3-13.0 ms against
     17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, or a torch without oneDNN: nothing changes."""
-    on_cpu = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
-    if not on_cpu or model.training or not torch.backends.mkldnn.is_available():
+    applies = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
+    if not applies or model.training or not torch.backends.mkldnn.is_available():
         yield
         return
     dtype, swapped = dtype or torch.float32, []  # (module, attribute, what it held)
