@@ -124,8 +124,9 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
     # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch; on a CPU the
-    # linear layers' weights are laid out for oneDNN once instead), and the attention kernels chosen on purpose
-    with embedding.eval_mode(model), packed_linears(model, dtype), compute(dtype, device):
+    # linear layers' weights laid out for oneDNN once instead, if the call's tokens pay for it), and the attention
+    # kernels chosen on purpose
+    with embedding.eval_mode(model), packed_linears(model, dtype, sum(map(len, pieces))), compute(dtype, device):
         # Longest first, in batches of similar length: little compute goes to padding
         for rows, T in length_batches(pieces, budget):
             # The batch padded to T, and where its real tokens are, worked out on the host (None: run as it is)

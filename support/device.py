@@ -161,13 +161,21 @@ def fusable(act) -> tuple[str, str] | None:
     return None
 
 
+# Laying the weights out costs what about 1,000 tokens' products gain by it, whatever the model's size (both scale with
+# its weights; all-MiniLM-L6-v2, bf16 and fp32, Zen 4): a call with fewer runs the layers as they are (one sentence:
+# 9-10 ms against 18)
+PACK_FROM_TOKENS = 1024
+
+
 @contextlib.contextmanager
-def packed_linears(model, dtype):
-    """While a model embeds on a CPU: each nn.Linear of its layers run as a PackedLinear in `dtype` (None: fp32), and
-    a feed-forward's GELU (model.FeedForward's `up` and `act`; not a gated one) applied inside the product before
-    it; the model as it was afterwards. One feed-forward of all-MiniLM-L6-v2 on 2,048 tokens: 12.3-13.0 ms against
-    17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, or a torch without oneDNN: nothing changes."""
+def packed_linears(model, dtype, tokens: int = PACK_FROM_TOKENS):
+    """While a model embeds `tokens` on a CPU: each nn.Linear of its layers run as a PackedLinear in `dtype` (None:
+    fp32), and a feed-forward's GELU (model.FeedForward's `up` and `act`; not a gated one) applied inside the product
+    before it; the model as it was afterwards. One feed-forward of all-MiniLM-L6-v2 on 2,048 tokens: 12.3-13.0 ms
+    against 17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, a torch without oneDNN, or fewer than
+    PACK_FROM_TOKENS tokens: nothing changes."""
     applies = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
+    applies = applies and tokens >= PACK_FROM_TOKENS
     if not applies or model.training or not torch.backends.mkldnn.is_available():
         yield
         return

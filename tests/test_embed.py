@@ -133,10 +133,11 @@ def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny, monkeypatch):
         return {e.key: e.count for e in prof.key_averages(**kw) if not kw or e.input_shapes[:1] == [
             [c.intermediate_size, c.hidden_size]]}
 
+    monkeypatch.setattr(D, "PACK_FROM_TOKENS", 0)  # whatever the call's tokens
     packed = ops()
     batches = packed["mkldnn::_linear_pointwise"] // (4 * c.num_hidden_layers)
     assert packed["mkldnn::_reorder_linear_weight"] == 4 * c.num_hidden_layers and "aten::gelu" not in packed
-    monkeypatch.setattr(E, "packed_linears", lambda model, dtype: contextlib.nullcontext())  # as on a GPU
+    monkeypatch.setattr(E, "packed_linears", lambda *args: contextlib.nullcontext())  # as on a GPU
     assert ops()["aten::gelu"] == batches * c.num_hidden_layers and batches >= 5
     assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
 
@@ -147,6 +148,7 @@ def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeyp
     activation is left to the model."""
     model, tok = M.load_pretrained(str(tiny))
     texts = ["the cat sat", "a dog barked at the moon " * 9, "", "the mat " * 30, "moon"] * 3
+    monkeypatch.setattr(D, "PACK_FROM_TOKENS", 0)  # however few the tokens
     for act in ("gelu", "gelu_new", "relu"):
         for layer in model.layers:
             layer.ffn.act = M.ACTIVATIONS[act]
@@ -170,6 +172,26 @@ def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeyp
         assert modern.layers[0].ffn.act is M.ACTIVATIONS["gelu"] and modern.layers[0].ffn.up.attr == "none"
     with D.packed_linears(model, torch.float16), D.packed_linears(model.train(), None):  # left as they are
         assert type(model.layers[0].ffn.up) is torch.nn.Linear
+
+
+def test_a_call_of_few_tokens_runs_the_layers_as_they_are(tiny, monkeypatch):
+    """Laying the weights out for oneDNN pays from about 1,000 tokens a call (support.device.PACK_FROM_TOKENS): one
+    sentence, or a call one token short of the threshold, runs the layers as they are; a call that reaches it lays
+    each weight out once."""
+    model, tok = M.load_pretrained(str(tiny))
+    texts = ["the cat sat on the mat"] * 8
+    tokens = sum(map(len, E.tokenize(texts, tok, E.max_tokens(model)).pieces))
+
+    def layouts(texts):
+        with torch.profiler.profile() as prof:
+            E.encode(texts, model, tok)
+        return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_reorder_linear_weight")
+
+    assert layouts(texts[:1]) == 0 and tokens < 1000
+    monkeypatch.setattr(D, "PACK_FROM_TOKENS", tokens + 1)
+    assert layouts(texts) == 0
+    monkeypatch.setattr(D, "PACK_FROM_TOKENS", tokens)
+    assert layouts(texts) == 4 * model.config.num_hidden_layers
 
 
 def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
