@@ -121,6 +121,9 @@ def attention(q, k, v, mask, dropout_p: float = 0.0):
     # Dropout tested first, so that a compiled training step never guards its graph on a batch's length
     if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    B, _, T, _ = q.shape
+    if T <= 8 and (mask is None or mask.shape == (B, 1, 1, T)):  # key padding alone: rows may share a product
+        return _rows_together(q, k, v, mask, 16 // T)
     # Keys padded to a multiple of 8 and masked there: the softmax runs on whole vectors (13 keys padded to 16: 3x
     # faster). Always, even by 0 (the pad's copy is the one matmul would make), so a compiled graph never guards on T
     extra = -k.shape[-2] % 8
@@ -130,6 +133,24 @@ def attention(q, k, v, mask, dropout_p: float = 0.0):
     lowest = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
     scores = torch.add(lowest, torch.matmul(q, k.transpose(-1, -2)), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T'), fp32
     return torch.matmul(scores.softmax(-1).to(v.dtype), v)  # (B, nh, T, hd)
+
+
+def _rows_together(q, k, v, mask, G: int):
+    """attention() for rows of T <= 8 tokens, G at a time as one row of G*T (9 to 16), each query masked to its own
+    row's keys: the same sums in a G-th of the (row, head)s, each of which costs the products and the softmax a fixed
+    time (3-token rows: 3.1 ms against 5.6 a layer, 2,048 tokens; 8: 3.3 against 4.4; docs/measurements.md)."""
+    B, nh, T, hd = q.shape
+    n = -(-B // G) * G  # rows made a multiple of G with rows of zeros, whose outputs are dropped
+
+    def together(x):  # (B, nh, T, hd) -> (n/G, nh, G*T, hd): views where B is a multiple of G
+        x = x.transpose(1, 2) if n == B else F.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, 0, 0, n - B))
+        return x.reshape(n // G, G * T, nh, hd).transpose(1, 2)
+
+    keys = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask.reshape(B, T)
+    keys = F.pad(keys, (0, 0, 0, n - B), value=True).reshape(n // G, 1, 1, G * T)
+    row = torch.arange(G * T, device=q.device) // T
+    y = attention(together(q), together(k), together(v), keys & (row[:, None] == row[None]))  # (n/G, nh, G*T, hd)
+    return y.transpose(1, 2).reshape(n, T, nh, hd)[:B].transpose(1, 2)  # (B, nh, T, hd)
 
 
 # -----------------------------------------------------------------------------------------------

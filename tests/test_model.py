@@ -101,10 +101,13 @@ def test_parity_with_transformers(kind, tmp_path):
 
 def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
     """support.device.attention writes out, for short rows on a CPU, what scaled_dot_product_attention computes: against
-    SDPA in float64 for key masks, ModernBERT's bands and no mask; a query that may see no key comes out finite; the
-    fused kernel still runs for longer rows and under dropout; and a whole encoder gives the same states either way."""
+    SDPA in float64 for key masks, ModernBERT's bands and no mask, rows of at most 8 tokens several to a product (the
+    5 rows of 3 tokens fill one; others are padded with rows of zeros); a query that may see no key comes out finite;
+    the fused kernel still runs for longer rows and under dropout; and a whole encoder gives the same states."""
     g = torch.Generator().manual_seed(0)
-    for T in (1, 7, D.SHORT_ROWS):
+    together, rows_together = [], D._rows_together
+    monkeypatch.setattr(D, "_rows_together", lambda q, *a: together.append(q.shape[-2]) or rows_together(q, *a))
+    for T in (1, 3, 7, 8, D.SHORT_ROWS):
         q, k, v = (torch.randn(5, 3, T, 8, generator=g) for _ in range(3))
         lengths = torch.tensor([T, 1, max(1, T // 2), T, 2])
         keys = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
@@ -117,6 +120,7 @@ def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
                      - exact).abs().max()  # bf16's own error, in the fused kernel
             ours = (D.attention(*(x.bfloat16() for x in (q, k, v)), mask).double()[seen] - exact).abs().max()
             assert ours <= 3 * fused + 1e-2, (T, ours, fused)
+    assert together == [1] * 6 + [3] * 4 + [7] * 4 + [8] * 4  # key masks and none, fp32 and bf16; T=1's band too
     nobody = torch.zeros(1, 1, 1, 4, dtype=torch.bool)  # a row of padding alone
     assert torch.isfinite(D.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody)).all()
     calls = []
