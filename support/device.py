@@ -121,8 +121,10 @@ def attention(q, k, v, mask, dropout_p: float = 0.0):
     # Dropout tested first, so that a compiled training step never guards its graph on a batch's length
     if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    # Rows of up to 8 tokens several to a product where only keys are masked; not in a compiled graph, which would
+    # guard on T <= 8 and build a second graph for the short chunks
     B, _, T, _ = q.shape
-    if T <= 8 and (mask is None or mask.shape == (B, 1, 1, T)):  # key padding alone: rows may share a product
+    if not torch.compiler.is_compiling() and T <= 8 and (mask is None or mask.shape == (B, 1, 1, T)):
         return _rows_together(q, k, v, mask, 16 // T)
     # Keys padded to a multiple of 8 and masked there: the softmax runs on whole vectors (13 keys padded to 16: 3x
     # faster). Always, even by 0 (the pad's copy is the one matmul would make), so a compiled graph never guards on T
@@ -138,7 +140,7 @@ def attention(q, k, v, mask, dropout_p: float = 0.0):
 def _rows_together(q, k, v, mask, G: int):
     """attention() for rows of T <= 8 tokens, G at a time as one row of G*T (9 to 16), each query masked to its own
     row's keys: the same sums in a G-th of the (row, head)s, each of which costs the products and the softmax a fixed
-    time (3-token rows: 3.1 ms against 5.6 a layer, 2,048 tokens; 8: 3.3 against 4.4; docs/measurements.md)."""
+    time (3-token rows: 3.2 ms against 5.7 a layer, 2,048 tokens, bf16; 8: 2.1 against 3.3; docs/measurements.md)."""
     B, nh, T, hd = q.shape
     n = -(-B // G) * G  # rows made a multiple of G with rows of zeros, whose outputs are dropped
 
