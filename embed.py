@@ -24,9 +24,10 @@ import torch
 from model import Packing, load_pretrained, mean_pool
 from support import embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
-from support.device import OnDevice, compute, cpu_threads, device_and_dtype, packed_linears, to_device
+from support.device import OnDevice, autocast, compute, device_and_dtype, packed_linears, to_device
 from support.hub import special_ids
 from support.processes import processes
+from support.threads import across_cores, cpu_threads
 
 
 @dataclass
@@ -123,17 +124,27 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     budget = batch_tokens or (65536 if device.type == "cuda" else 2048)  # a CPU's: cache-sized
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
-    # One autocast region for all the batches (its weights are cast to bf16 once, not for every batch; on a CPU the
+    # Longest first, in batches of similar length: little compute goes to padding. On a CPU as many batches at once
+    # as torch has threads (up to CPU_BATCHES_AT_ONCE), a thread each (support.threads.across_cores); a GPU takes
+    # them one after another
+    batches = list(length_batches(pieces, budget))
+    workers = 1 if device.type == "cuda" else min(torch.get_num_threads(), len(batches), CPU_BATCHES_AT_ONCE)
+
+    def embed_batch(batch):
+        rows, T = batch
+        # The batch padded to T, and where its real tokens are, worked out on the host (None: run as it is)
+        ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
+        with autocast(dtype, device):  # a thread's own, entered in each (the kernels compute() chose: the process's)
+            h = model(ids, mask, Packing(*ids.shape, positions, attend))  # (rows, T, H)
+        # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
+        return rows, mean_pool(h.float(), mask)
+
+    # One autocast region around all the batches (its weights are cast to bf16 once, not for every batch; on a CPU the
     # linear layers' weights laid out for oneDNN once instead, if the call's tokens pay for it), and the attention
     # kernels chosen on purpose
     with embedding.eval_mode(model), packed_linears(model, dtype, sum(map(len, pieces))), compute(dtype, device):
-        # Longest first, in batches of similar length: little compute goes to padding
-        for rows, T in length_batches(pieces, budget):
-            # The batch padded to T, and where its real tokens are, worked out on the host (None: run as it is)
-            ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
-            h = model(ids, mask, Packing(*ids.shape, positions, attend))  # (rows, T, H)
-            # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
-            out.index_copy_(0, to_device(rows, device), mean_pool(h.float(), mask))
+        for rows, pooled in across_cores(batches, embed_batch, workers):
+            out.index_copy_(0, to_device(rows, device), pooled)
             finished(rows)
     out = out.cpu().numpy()
     if len(pieces) != tokenized.n_texts:  # --long chunk: a text's embedding is the mean of its windows
@@ -143,6 +154,12 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out
+
+
+# A batch's Python holds the GIL between its operations: a forward of 9 tokens, all Python and dispatch, is 1.7% of
+# one of 2,048 on a thread (Zen 4, bf16), a few % where the products are faster. Unmeasured beyond 2 cores, so at most
+# 8 batches at once, well short of waiting on each other; the threads beyond go to each batch's operations
+CPU_BATCHES_AT_ONCE = 8
 
 
 # GPUs' fused attention kernels give each row of a batch its own blocks along a grid dimension of at most 65,535:

@@ -23,10 +23,11 @@ import numpy as np
 from embed import encode
 from model import load_pretrained
 from support.cli import Progress, UserError, cli, flag, parse_config
-from support.device import OnDevice, cpu_threads, device_and_dtype
+from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
 from support.sts_files import FEW, download_stsb, find_tasks, load_stsb_dev, no_nan, table, task_files  # noqa: F401
+from support.threads import cpu_threads
 
 
 @dataclass

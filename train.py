@@ -33,8 +33,9 @@ from model import ChunkedEncoder, load_pretrained, save_pretrained, scratch_enco
 from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
-from support.device import autocast_dtype, cpu_threads, rng_state, set_rng_state, to_device
+from support.device import autocast_dtype, rng_state, set_rng_state, to_device
 from support.processes import Process, corpus_for_run, processes
+from support.threads import cpu_threads
 from support.training import Run
 
 NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)  # a loss scale that does nothing: all but fp16's

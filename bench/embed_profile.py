@@ -3,10 +3,14 @@ Where embed.py's time goes on a CPU, against the processor's own limit: the firs
 the profile). One process, as `python embed.py` runs: imports, model load, reading and tokenising, the forward
 (with torch.profiler's time by op kind on one block), pooling, writing; then the matrix-multiply peak of this
 machine at the model's shapes (2,048 rows, 2 threads, bf16 and fp32, best of 5 and of two kernels) and the share of
-it the dense layers reach, counted on real tokens only, over the whole process.
+it the dense layers reach, counted on real tokens only, over the whole process. Last, the forward again with its dense
+products made free (each returns what it returned for its shape the first time): the time they leave, measured, and
+what the whole process would reach on a processor whose products are faster (--matrix-peak, at the share of its peak
+they reach here) and the rest as fast as here: a projection, not a measurement of that processor.
 
     python bench/embed_profile.py                       # all-MiniLM-L6-v2 on STS-B train x 4 (45,992 lines)
     python bench/embed_profile.py --lines 11498 --dtype fp32
+    python bench/embed_profile.py --matrix-peak 3314     # the 2-core AMX Xeon's bf16 peak of issue 55 (the default)
 """
 import argparse
 import os
@@ -23,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
+from support import device as D  # noqa: E402
 from support.cli import UserError, bench  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
 
@@ -70,13 +75,37 @@ def peak(c, dtype, threads: int) -> float:
     return best
 
 
+def products_free(tokenized, model, tok, dtype) -> float:
+    """Seconds of the forward with every dense product free: each PackedLinear returns rows of what it returned the
+    first time for its output width (a view, made once), so the rest runs on numbers of the sizes it meets."""
+    real, made = D.PackedLinear.forward, {}
+
+    def free(self, x):
+        width, n = self.weight.size(0), max(4096, x.shape[0])
+        if width not in made or len(made[width]) < x.shape[0]:
+            made[width] = real(self, torch.cat([x] * -(-n // x.shape[0]))[:n])  # (n, width)
+        return made[width][:x.shape[0]]
+
+    D.PackedLinear.forward = free
+    try:
+        E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # every shape's kernels made first
+        t = time.perf_counter()
+        E.embed_tokenized(tokenized, model, tok, dtype=dtype)
+        return time.perf_counter() - t
+    finally:
+        D.PackedLinear.forward = real
+
+
 def op_kinds(model, tok, texts, dtype) -> dict:
-    """torch.profiler's CPU time by op kind, over one block of texts."""
+    """torch.profiler's CPU time by op kind, over one block of texts, on every thread (embed.py runs batches on
+    several)."""
+    from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile
 
     tokenized = E.tokenize(texts, tok, E.max_tokens(model))
     E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # oneDNN's kernels made before the profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    every_thread = _ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)
     kinds, total = defaultdict(float), 0.0
     for ev in prof.key_averages():
@@ -95,6 +124,8 @@ def main():
     ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
     ap.add_argument("--lines", type=int, default=45_992)
     ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
+    ap.add_argument("--matrix-peak", type=float, default=3314.0,
+                    help="GFLOP/s of the products on the processor projected to (default: issue 55's AMX Xeon, bf16)")
     a = ap.parse_args()
     shared = Path(a.shared)
     model_dir, stsb = shared / "models/all-MiniLM-L6-v2", shared / "data/sts/stsbenchmark/sts-train.csv"
@@ -141,7 +172,16 @@ def main():
           + f" (2,048 rows, {threads} threads); **{100 * achieved / best:.0f}% of the best**")
     # What a processor with faster matrix units (AMX) does not speed up: the whole less the dense layers' share
     outside = whole - wall["forward and pooling"] * kinds.get("dense matmuls", 0.0)
-    print(f"outside the dense matmuls: {outside:.2f} s, {1000 * outside / len(texts):.3f} ms a line")
+    print(f"outside the dense matmuls: {outside:.2f} s, {1000 * outside / len(texts):.3f} ms a line (by the profile)")
+    free = products_free(tokenized, model, tok, dtype)
+    products = wall["forward and pooling"] - free  # the products' own time here
+    share = tokens * dense_flops(model.config) / products / 1e9 / best  # of this processor's peak, in the forward
+    elsewhere = whole - products + tokens * dense_flops(model.config) / (share * a.matrix_peak * 1e9)
+    projected = tokens * dense_flops(model.config) / elsewhere / 1e9 / a.matrix_peak
+    print(f"the forward with its products free: {free:.2f} s against {wall['forward and pooling']:.2f}; outside the "
+          f"products {1000 * (whole - products) / len(texts):.3f} ms a line (measured); the products themselves run "
+          f"at {100 * share:.0f}% of the peak. Projected, products at {a.matrix_peak:,.0f} GFLOP/s and that share, the "
+          f"rest as here: {elsewhere:.2f} s, {100 * projected:.0f}% of that peak (a projection, not a measurement)")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evaluate_sts import pearson, spearman  # noqa: E402 (tied gold scores share their mean rank)
-from support.device import cpu_threads  # noqa: E402
+from support.threads import cpu_threads  # noqa: E402
 
 # One thread: steps this small spend more time keeping threads in step than computing (3x slower on 2 threads)
 one_thread = functools.partial(cpu_threads, 1)

@@ -1,15 +1,13 @@
 """
 support/device.py: where the numbers are computed, and in what. Token rows padded into a batch and copied to the
 device without waiting, the next item prepared while this one runs, the device and precision that --device and
---dtype mean, attention and oneDNN's linear layers on a CPU, torch's CPU threads, the random state a GradCache
-replay restores, and what torch.compile built.
+--dtype mean, attention and oneDNN's linear layers on a CPU, the random state a GradCache replay restores, and
+what torch.compile built (torch's CPU threads: support/threads.py).
 """
 import concurrent.futures
 import contextlib
 import functools
-import os
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from support.cli import UserError, flag, say
+from support.threads import usable_cpus
 
 
 def padding_mask(lengths, T: int) -> np.ndarray:
@@ -63,12 +62,6 @@ def prefetched(items, work):
 
 # -----------------------------------------------------------------------------------------------
 # Device and precision
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's or taskset's share, not the machine's). More
-    threads than these only wait on each other, and an absurd count (100,000) crashes OpenMP."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
@@ -223,9 +216,17 @@ def _identity(x):  # a function, as the activation it stands in for (a module th
     return x
 
 
+def autocast(dtype, device: torch.device):
+    """torch.autocast in `dtype` (autocast_dtype's), or nothing for fp32 (None)."""
+    if dtype in (None, torch.float32):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 class compute:
     """The context a forward runs in: autocast in `dtype` (autocast_dtype's; fp32, None, is no autocast at all) and
-    the attention kernels of ATTENTION_KERNELS. Entered again and again (GradCache enters it once a chunk)."""
+    the attention kernels of ATTENTION_KERNELS. Entered again and again (GradCache enters it once a chunk). The
+    kernels are the process's, autocast is a thread's own: a thread of the caller's enters autocast() alone."""
 
     def __init__(self, dtype, device: torch.device):
         self.dtype, self.device = dtype, device
@@ -233,8 +234,7 @@ class compute:
     def __enter__(self):
         self.stack = contextlib.ExitStack()
         self.stack.enter_context(sdpa_kernel(list(ATTENTION_KERNELS)))
-        if self.dtype not in (None, torch.float32):
-            self.stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
+        self.stack.enter_context(autocast(self.dtype, self.device))
         return self
 
     def __exit__(self, *exc):
@@ -283,60 +283,6 @@ def pick_device(name: str) -> torch.device:
     if index >= torch.cuda.device_count():
         raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)", code=2)
     return torch.device("cuda", index)
-
-
-# -----------------------------------------------------------------------------------------------
-# CPU threads
-
-
-def default_threads() -> int:
-    """This rank's share of the cores that are free when it starts, at least one. torch's threads meet at a barrier
-    after every operation, so one that shares its core with a busy process makes the others wait for it: on 2 cores
-    beside one busy process, 2 threads ran at 0.4 of their idle speed and 1 thread at 0.6 of it; alone, 2 threads are
-    1.9x 1 (all-MiniLM-L6-v2 in bf16, docs/measurements.md). A core counts as free when it was idle at least 3/4 of
-    the moment measured."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return max(1, int(free_cores(cpus) + 0.25) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def free_cores(cpus, seconds: float = 0.1) -> float:
-    """How many of these CPUs sat idle over the next `seconds` (this process sleeps meanwhile), by /proc/stat; all
-    of them where that cannot be read (not Linux)."""
-    try:
-        before = _cpu_times(cpus)
-        time.sleep(seconds)
-        after = _cpu_times(cpus)
-    except (OSError, ValueError, KeyError):
-        return float(len(cpus))
-    free = 0.0
-    for cpu in cpus:
-        idle, total = (a - b for a, b in zip(after[cpu], before[cpu], strict=True))
-        free += idle / total if total > 0 else 1.0
-    return free
-
-
-def _cpu_times(cpus) -> dict[int, tuple[int, int]]:
-    """{cpu: (idle ticks, all ticks)} since boot: /proc/stat's cpuN lines (user, nice, system, idle, iowait, irq,
-    softirq, steal, ...)."""
-    times = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            name, *ticks = line.split()
-            if name.startswith("cpu") and name[3:].isdigit():
-                ticks = [int(t) for t in ticks[:8]]
-                times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
-    return {cpu: times[cpu] for cpu in cpus}
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int):
-    """torch's CPU threads while a script runs: n, or default_threads(); as they were afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n or default_threads())
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # -----------------------------------------------------------------------------------------------

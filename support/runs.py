@@ -28,9 +28,10 @@ import torch
 
 from support.cli import UserError, first_line, flag, say
 from support.demo import demo_config
-from support.device import check_compile, device_name, usable_cpus
+from support.device import check_compile, device_name
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
+from support.threads import usable_cpus
 
 
 @dataclass

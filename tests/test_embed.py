@@ -1,8 +1,11 @@
 """embed.py against sentence-transformers on the same model and texts, a naive loop, and bad input."""
 import contextlib
+import itertools
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from conftest import ROOT, minilm, oracle, stsb_sentences
 from support import device as D
 from support import embedding
 from support.device import device_and_dtype
+from support.threads import across_cores, cpu_threads
 
 
 def naive(texts, model, tok):
@@ -121,25 +125,75 @@ def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
 def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny, monkeypatch):
     """Autocast keeps one bf16 copy of each weight for all of a call's batches; under inference_mode it would cast
     every weight again for every batch (its cache skips such calls): the casts of the up-projections' weights,
-    counted by torch.profiler over a call of many batches, are one per layer. On a CPU, oneDNN's packed weights
-    likewise: laid out once a call, the GELU inside the product (no aten::gelu), four products a layer a batch."""
+    counted by torch.profiler over a call of many batches, one after another as on a GPU, are one per layer. On a
+    CPU, oneDNN's packed weights likewise, with the batches on two threads at once: laid out once a call, the GELU
+    inside the product (no aten::gelu), four products a layer a batch."""
     model, tok = M.load_pretrained(str(tiny))
     c = model.config
     texts = [f"the cat sat on mat {i} " * (1 + i % 7) for i in range(60)]
 
     def ops(**kw):
-        with torch.profiler.profile(record_shapes=True) as prof:
+        every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)  # the workers' too
+        with torch.profiler.profile(record_shapes=True, experimental_config=every_thread) as prof:
             E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=128)
         return {e.key: e.count for e in prof.key_averages(**kw) if not kw or e.input_shapes[:1] == [
             [c.intermediate_size, c.hidden_size]]}
 
     monkeypatch.setattr(D, "PACK_FROM_TOKENS", 0)  # whatever the call's tokens
-    packed = ops()
+    with cpu_threads(2):
+        packed = ops()
     batches = packed["mkldnn::_linear_pointwise"] // (4 * c.num_hidden_layers)
     assert packed["mkldnn::_reorder_linear_weight"] == 4 * c.num_hidden_layers and "aten::gelu" not in packed
-    monkeypatch.setattr(E, "packed_linears", lambda *args: contextlib.nullcontext())  # as on a GPU
-    assert ops()["aten::gelu"] == batches * c.num_hidden_layers and batches >= 5
-    assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
+    monkeypatch.setattr(E, "packed_linears", lambda *args: contextlib.nullcontext())  # as on a GPU: no packing,
+    with cpu_threads(1):  # and one batch after another
+        assert ops()["aten::gelu"] == batches * c.num_hidden_layers and batches >= 5
+        assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
+
+
+def test_across_cores_runs_items_in_order_on_threads_of_their_own():
+    """support.threads.across_cores: the results of map(work, items) in order, though the work ends out of order;
+    each item on one of `workers` threads other than the caller's, each with its share of torch's threads and the
+    caller's grad mode; at most one item waiting per thread; torch's threads as they were afterwards; after an error
+    the items not started never start. One worker: the caller's own thread."""
+    started, seen = [], set()
+
+    def work(i):
+        started.append(i)
+        time.sleep(0.02 * (i % 3))  # later items finish first
+        seen.add((threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled()))
+        if i == 5:
+            raise ValueError("item 5")
+        return i * i
+
+    with cpu_threads(2), torch.no_grad():
+        assert list(across_cores(range(5), work, 2)) == [i * i for i in range(5)]
+        assert len(seen) == 2 and threading.get_ident() not in {t for t, _, _ in seen}
+        assert {(n, grad) for _, n, grad in seen} == {(1, False)} and torch.get_num_threads() == 2
+        started.clear()
+        with pytest.raises(ValueError, match="item 5"):
+            list(across_cores(range(40), work, 2))
+        assert max(started) <= 5 + 2 + 1 and torch.get_num_threads() == 2
+        seen.clear()
+        assert list(across_cores(range(3), work, 1)) == [0, 1, 4] and {t for t, _, _ in seen} == {threading.get_ident()}
+
+
+def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch):
+    """On a CPU embed_tokenized runs min(threads, batches, CPU_BATCHES_AT_ONCE) batches at once, a thread each; the
+    embeddings those of one batch at a time, whatever order the batches end in: fp32 and bf16, with oneDNN's packed
+    layers and without them (where each thread must run in the autocast asked for: bf16 and fp32 are 3e-4 apart)."""
+    model, tok = M.load_pretrained(str(tiny))
+    texts = [f"the cat sat on mat {i} " * (1 + i % 9) for i in range(80)]
+    asked = []
+    monkeypatch.setattr(E, "across_cores", lambda items, work, workers: asked.append(workers) or
+                        across_cores(items, work, workers))
+    for pack_from, dtype in itertools.product((0, 10**9), (None, torch.bfloat16)):
+        monkeypatch.setattr(D, "PACK_FROM_TOKENS", pack_from)
+        with cpu_threads(1):
+            one = E.encode(texts, model, tok, dtype=dtype, batch_tokens=128)
+        with cpu_threads(2):
+            two = E.encode(texts, model, tok, dtype=dtype, batch_tokens=128)
+        np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
+    assert asked == [1, 2] * 4
 
 
 def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 
 import train as T
 from conftest import ROOT
-from support import device, runs
+from support import runs, threads
 from test_train import assert_same_weights, default_sigint, free_port, run_args, torchrun, trace
 
 
@@ -192,7 +192,7 @@ def test_a_resumed_run_keeps_its_thread_count(tmp_path, docs, monkeypatch, capsy
     free-core count trains with the stored one, bit-identical to the run never stopped. A count given with --resume
     that differs goes on with it, in one line that says so. (And the count matters: 1 thread gives other weights.)"""
     def free(n):
-        monkeypatch.setattr(device, "default_threads", lambda: n)
+        monkeypatch.setattr(threads, "default_threads", lambda: n)
 
     common = ["--steps", "8", "--ckpt-every", "4"]
     free(2)

@@ -20,7 +20,7 @@ import loss as L
 import model as M
 import train as T
 from conftest import DDP_BATCH, DDP_CONFIGS, ROOT, SHARED, half_batch, masks, need, synthetic_batch, tiny_encoder
-from support import device, runs
+from support import device, runs, threads
 from support.chunks import length_groups
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
@@ -630,8 +630,8 @@ def test_default_threads_are_the_free_cores(monkeypatch, cores, busy, local_worl
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
     reads = iter([{c: (0, 0) for c in range(cores)}, {c: (round(100 * (1 - b)), 100) for c, b in enumerate(busy)}])
-    monkeypatch.setattr(device, "_cpu_times", lambda cpus: next(reads))
-    assert device.default_threads() == want
+    monkeypatch.setattr(threads, "_cpu_times", lambda cpus: next(reads))
+    assert threads.default_threads() == want
 
 
 def test_default_threads_leave_the_core_a_busy_process_holds():
@@ -641,11 +641,11 @@ def test_default_threads_leave_the_core_a_busy_process_holds():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        assert device.default_threads() <= max(1, cores - 1)
+        assert threads.default_threads() <= max(1, cores - 1)
     finally:
         busy.kill()
         busy.wait()
-    assert device.free_cores(list(range(cores)), seconds=0.2) <= cores
+    assert threads.free_cores(list(range(cores)), seconds=0.2) <= cores
 
 
 def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
