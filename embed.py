@@ -139,9 +139,9 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
         # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
         return rows, mean_pool(h.float(), mask)
 
-    # One autocast region around all the batches (its weights are cast to bf16 once, not for every batch; on a CPU the
-    # linear layers' weights laid out for oneDNN once instead, if the call's tokens pay for it), and the attention
-    # kernels chosen on purpose
+    # One autocast region around all the batches (on a GPU its weights are cast to bf16 once, not for every batch; on
+    # a CPU the linear layers' weights laid out for oneDNN once instead, if the call's tokens pay for it), and the
+    # attention kernels chosen on purpose
     with embedding.eval_mode(model), packed_linears(model, dtype, sum(map(len, pieces))), compute(dtype, device):
         for rows, pooled in across_cores(batches, embed_batch, workers):
             out.index_copy_(0, to_device(rows, device), pooled)

@@ -4,7 +4,7 @@ the profile). One process, as `python embed.py` runs: imports, model load, readi
 (with torch.profiler's time by op kind on one block), pooling, writing; then the matrix-multiply peak of this
 machine at the model's shapes (2,048 rows, 2 threads, bf16 and fp32, best of 5 and of two kernels) and the share of
 it the dense layers reach, counted on real tokens only, over the whole process. Last, the forward again with its dense
-products made free (each returns what it returned for its shape the first time): the time they leave, measured, and
+products made free (each returns rows of what it returned the first time): the time they leave, measured, and
 what the whole process would reach on a processor whose products are faster (--matrix-peak, at the share of its peak
 they reach here) and the rest as fast as here: a projection, not a measurement of that processor.
 
@@ -75,9 +75,10 @@ def peak(c, dtype, threads: int) -> float:
     return best
 
 
-def products_free(tokenized, model, tok, dtype) -> float:
+def products_free(tokenized, model, tok, dtype) -> float | None:
     """Seconds of the forward with every dense product free: each PackedLinear returns rows of what it returned the
-    first time for its output width (a view, made once), so the rest runs on numbers of the sizes it meets."""
+    first time for its output width (a view, made once), so the rest runs on numbers of the sizes it meets. None
+    where the layers do not run as PackedLinear (a torch without oneDNN)."""
     real, made = D.PackedLinear.forward, {}
 
     def free(self, x):
@@ -91,7 +92,7 @@ def products_free(tokenized, model, tok, dtype) -> float:
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # every shape's kernels made first
         t = time.perf_counter()
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)
-        return time.perf_counter() - t
+        return time.perf_counter() - t if made else None
     finally:
         D.PackedLinear.forward = real
 
@@ -174,6 +175,8 @@ def main():
     outside = whole - wall["forward and pooling"] * kinds.get("dense matmuls", 0.0)
     print(f"outside the dense matmuls: {outside:.2f} s, {1000 * outside / len(texts):.3f} ms a line (by the profile)")
     free = products_free(tokenized, model, tok, dtype)
+    if free is None:
+        return print("the products could not be made free: this torch runs the layers without oneDNN")
     products = wall["forward and pooling"] - free  # the products' own time here
     share = tokens * dense_flops(model.config) / products / 1e9 / best  # of this processor's peak, in the forward
     elsewhere = whole - products + tokens * dense_flops(model.config) / (share * a.matrix_peak * 1e9)
