@@ -117,33 +117,25 @@ def max_tokens(model) -> int:
 @torch.no_grad()  # not inference_mode, under which autocast casts every weight to bf16 again for every batch
 def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, normalize: bool = False,
                     dtype: torch.dtype | None = None, progress=None) -> np.ndarray:
-    """encode() after tokenize(), with dropout off. On a GPU nothing here waits for the GPU but the one copy back at
-    the end: each batch goes in from page-locked memory while the GPU still works on the one before, and stays
-    there."""
+    """encode() after tokenize(), dropout off. On a GPU nothing here waits for the GPU but the one copy back at the
+    end: each batch goes in from page-locked memory while the GPU works on the one before, and stays there."""
     device, pieces, pad = next(model.parameters()).device, tokenized.pieces, special_ids(tok)["pad"]
     budget = batch_tokens or (65536 if device.type == "cuda" else 2048)  # a CPU's: cache-sized
     out = torch.zeros((len(pieces), model.config.hidden_size), dtype=torch.float32, device=device)
     finished = embedding.FinishedTexts(tokenized.owner, tokenized.n_texts, progress)
-    # Longest first, in batches of similar length: little compute goes to padding. On a CPU as many batches at once
-    # as torch has threads (up to CPU_BATCHES_AT_ONCE), a thread each (support.threads.across_cores); a GPU takes
-    # them one after another
-    batches = list(length_batches(pieces, budget))
-    workers = 1 if device.type == "cuda" else min(torch.get_num_threads(), len(batches), CPU_BATCHES_AT_ONCE)
+    batches = list(length_batches(pieces, budget))  # longest first, of similar lengths: little compute on padding
 
     def embed_batch(batch):
-        rows, T = batch
-        # The batch padded to T, and where its real tokens are, worked out on the host (None: run as it is)
+        rows, T = batch  # padded to T, and where the real tokens are, worked out on the host (None: run as it is)
         ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
-        with autocast(dtype, device):  # a thread's own, entered in each (the kernels compute() chose: the process's)
+        with autocast(dtype, device):  # a thread's own: on a CPU several batches run at once, a thread each
             h = model(ids, mask, Packing(*ids.shape, positions, attend))  # (rows, T, H)
         # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
         return rows, mean_pool(h.float(), mask)
 
-    # One autocast region around all the batches (on a GPU its weights are cast to bf16 once, not for every batch; on
-    # a CPU the linear layers' weights laid out for oneDNN once instead, if the call's tokens pay for it), and the
-    # attention kernels chosen on purpose
+    # One autocast region for all (a GPU casts weights once a call; a CPU lays out oneDNN's once, if it pays for it)
     with embedding.eval_mode(model), packed_linears(model, dtype, sum(map(len, pieces))), compute(dtype, device):
-        for rows, pooled in across_cores(batches, embed_batch, workers):
+        for rows, pooled in across_cores(batches, embed_batch, cpu=device.type == "cpu"):
             out.index_copy_(0, to_device(rows, device), pooled)
             finished(rows)
     out = out.cpu().numpy()
@@ -154,12 +146,6 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out
-
-
-# A batch's Python holds the GIL between its operations: a forward of 9 tokens, all Python and dispatch, is 1.7% of
-# one of 2,048 on a thread (Zen 4, bf16), a few % where the products are faster. Unmeasured beyond 2 cores, so at most
-# 8 batches at once, well short of waiting on each other; the threads beyond go to each batch's operations
-CPU_BATCHES_AT_ONCE = 8
 
 
 # GPUs' fused attention kernels give each row of a batch its own blocks along a grid dimension of at most 65,535:

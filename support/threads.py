@@ -68,12 +68,19 @@ def cpu_threads(n: int):
         torch.set_num_threads(before)
 
 
-def across_cores(items, work, workers: int):
-    """work(item) for each item, in order, `workers` of them at once, each in a thread of its own with an equal share
-    of torch's CPU threads and the caller's grad mode; in the caller's thread where workers is 1. Threads that share
-    each operation meet at a barrier after it, and a layer's operations are short: on 2 cores of a Zen 4 two batches
-    on a thread each embed about 5% faster than one batch on both (docs/measurements.md). torch releases the GIL
-    inside each operation."""
+# A batch's Python holds the GIL between its operations: a forward of 9 tokens, all Python and dispatch, is 1.7% of
+# one of 2,048 on a thread (Zen 4, bf16), a few % where the products are faster. Unmeasured beyond 2 cores, so at most
+# 8 items at once, well short of waiting on each other; the threads beyond go to each item's operations
+AT_ONCE = 8
+
+
+def across_cores(items: list, work, cpu: bool = True):
+    """work(item) for each item, in order; on a CPU min(torch's threads, items, AT_ONCE) of them at once, each in a
+    thread of its own with an equal share of torch's threads and the caller's grad mode, elsewhere (a GPU takes them
+    one after another) or where that is one, in the caller's thread. Threads that share each operation meet at a
+    barrier after it, and a layer's operations are short: on 2 cores of a Zen 4 two batches on a thread each embed
+    about 5% faster than one batch on both (docs/measurements.md). torch releases the GIL inside each operation."""
+    workers = min(torch.get_num_threads(), len(items), AT_ONCE) if cpu else 1
     if workers <= 1:
         yield from map(work, items)
         return

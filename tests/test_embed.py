@@ -15,7 +15,7 @@ import embed as E
 import model as M
 from conftest import ROOT, minilm, oracle, stsb_sentences
 from support import device as D
-from support import embedding
+from support import embedding, threads
 from support.device import device_and_dtype
 from support.threads import across_cores, cpu_threads
 
@@ -150,11 +150,11 @@ def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny, monkeypatch):
         assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
 
 
-def test_across_cores_runs_items_in_order_on_threads_of_their_own():
+def test_across_cores_runs_items_in_order_on_threads_of_their_own(monkeypatch):
     """support.threads.across_cores: the results of map(work, items) in order, though the work ends out of order;
-    each item on one of `workers` threads other than the caller's, each with its share of torch's threads and the
-    caller's grad mode; at most one item waiting per thread; torch's threads as they were afterwards; after an error
-    the items not started never start. One worker: the caller's own thread."""
+    each item on one of min(threads, items, AT_ONCE) threads other than the caller's, each with its share of torch's
+    threads and the caller's grad mode; at most one item waiting per thread; torch's threads as they were afterwards;
+    after an error the items not started never start. One thread, or not a CPU: the caller's own thread."""
     started, seen = [], set()
 
     def work(i):
@@ -165,27 +165,35 @@ def test_across_cores_runs_items_in_order_on_threads_of_their_own():
             raise ValueError("item 5")
         return i * i
 
-    with cpu_threads(2), torch.no_grad():
-        assert list(across_cores(range(5), work, 2)) == [i * i for i in range(5)]
+    monkeypatch.setattr(threads, "AT_ONCE", 2)
+    with cpu_threads(4), torch.no_grad():
+        assert list(across_cores(list(range(5)), work)) == [i * i for i in range(5)]
         assert len(seen) == 2 and threading.get_ident() not in {t for t, _, _ in seen}
-        assert {(n, grad) for _, n, grad in seen} == {(1, False)} and torch.get_num_threads() == 2
+        assert {(n, grad) for _, n, grad in seen} == {(2, False)} and torch.get_num_threads() == 4
         started.clear()
         with pytest.raises(ValueError, match="item 5"):
-            list(across_cores(range(40), work, 2))
-        assert max(started) <= 5 + 2 + 1 and torch.get_num_threads() == 2
-        seen.clear()
-        assert list(across_cores(range(3), work, 1)) == [0, 1, 4] and {t for t, _, _ in seen} == {threading.get_ident()}
+            list(across_cores(list(range(40)), work))
+        assert max(started) <= 5 + 2 + 1 and torch.get_num_threads() == 4
+        for one in ({"cpu": False}, {}):
+            seen.clear()
+            with cpu_threads(1 if one == {} else 4):
+                assert list(across_cores([0, 1, 2], work, **one)) == [0, 1, 4]
+            assert {t for t, _, _ in seen} == {threading.get_ident()}
 
 
 def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch):
-    """On a CPU embed_tokenized runs min(threads, batches, CPU_BATCHES_AT_ONCE) batches at once, a thread each; the
+    """On a CPU embed_tokenized runs several batches at once (as many as torch has threads), a thread each; the
     embeddings those of one batch at a time, whatever order the batches end in: fp32 and bf16, with oneDNN's packed
     layers and without them (where each thread must run in the autocast asked for: bf16 and fp32 are 3e-4 apart)."""
     model, tok = M.load_pretrained(str(tiny))
     texts = [f"the cat sat on mat {i} " * (1 + i % 9) for i in range(80)]
-    asked = []
-    monkeypatch.setattr(E, "across_cores", lambda items, work, workers: asked.append(workers) or
-                        across_cores(items, work, workers))
+    ran_on = []
+
+    def spy(items, work, cpu):
+        ran_on.append(set())
+        return across_cores(items, lambda item: ran_on[-1].add(threading.get_ident()) or work(item), cpu)
+
+    monkeypatch.setattr(E, "across_cores", spy)
     for pack_from, dtype in itertools.product((0, 10**9), (None, torch.bfloat16)):
         monkeypatch.setattr(D, "PACK_FROM_TOKENS", pack_from)
         with cpu_threads(1):
@@ -193,7 +201,7 @@ def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch
         with cpu_threads(2):
             two = E.encode(texts, model, tok, dtype=dtype, batch_tokens=128)
         np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
-    assert asked == [1, 2] * 4
+    assert [len(t) for t in ran_on] == [1, 2] * 4 and threading.get_ident() in ran_on[0] - ran_on[1]
 
 
 def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeypatch):
