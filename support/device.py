@@ -141,8 +141,9 @@ def _rows_together(q, k, v, mask, G: int):
         x = x.transpose(1, 2) if n == B else F.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, 0, 0, n - B))
         return x.reshape(n // G, G * T, nh, hd).transpose(1, 2)
 
-    keys = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask.reshape(B, T)
-    keys = F.pad(keys, (0, 0, 0, n - B), value=True).reshape(n // G, 1, 1, G * T)
+    keys = torch.ones(n, T, dtype=torch.bool, device=q.device) if mask is None else \
+        F.pad(mask.reshape(B, T), (0, 0, 0, n - B), value=True)
+    keys = keys.reshape(n // G, 1, 1, G * T)
     row = torch.arange(G * T, device=q.device) // T
     y = attention(together(q), together(k), together(v), keys & (row[:, None] == row[None]))  # (n/G, nh, G*T, hd)
     return y.transpose(1, 2).reshape(n, T, nh, hd)[:B].transpose(1, 2)  # (B, nh, T, hd)
@@ -191,8 +192,7 @@ def packed_linears(model, dtype, tokens: int = PACK_FROM_TOKENS):
     against 17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, a torch without oneDNN, or fewer than
     PACK_FROM_TOKENS tokens: nothing changes."""
     applies = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
-    applies = applies and tokens >= PACK_FROM_TOKENS
-    if not applies or model.training or not torch.backends.mkldnn.is_available():
+    if not applies or tokens < PACK_FROM_TOKENS or model.training or not torch.backends.mkldnn.is_available():
         yield
         return
     dtype, swapped = dtype or torch.float32, []  # (module, attribute, what it held)
