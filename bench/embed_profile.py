@@ -11,9 +11,11 @@ they reach here) and the rest as fast as here: a projection, not a measurement o
     python bench/embed_profile.py                       # all-MiniLM-L6-v2 on STS-B train x 4 (45,992 lines)
     python bench/embed_profile.py --lines 11498 --dtype fp32
     python bench/embed_profile.py --matrix-peak 3314     # the 2-core AMX Xeon's bf16 peak of issue 55 (the default)
+    python3 bench/embed_profile.py --shared gpu-assets --threads 2 --lines 23000   # the lent GPU machine's processor
 """
 import argparse
 import os
+import platform
 import sys
 import time
 from collections import defaultdict
@@ -30,6 +32,7 @@ import model as M  # noqa: E402
 from support import device as D  # noqa: E402
 from support.cli import UserError, bench  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
+from support.threads import default_threads  # noqa: E402
 
 t_imports = time.perf_counter() - t_start
 # The dense layers are oneDNN's packed products (support.device.PackedLinear), addmm where they are not; attention is
@@ -39,6 +42,23 @@ KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
          "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
          "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter")}
+
+
+def processor() -> str:
+    """The CPU by name, family and model (/proc/cpuinfo), and its bf16 units as torch sees them."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = info.get("model name") or platform.processor() or "an unnamed processor"
+    if "cpu family" in info:
+        name += f", family {info['cpu family']} model {info.get('model', '?')}"
+    units = [unit for unit, ask in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+             if getattr(torch.cpu, ask, lambda: False)()]
+    return f"{name} ({', '.join(units) or 'no bf16 units'})"
 
 
 def dense_flops(c) -> int:
@@ -125,6 +145,8 @@ def main():
     ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
     ap.add_argument("--lines", type=int, default=45_992)
     ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch's CPU threads (default: as embed.py, the free cores this process may use)")
     ap.add_argument("--matrix-peak", type=float, default=3314.0,
                     help="GFLOP/s of the products on the processor projected to (default: issue 55's AMX Xeon, bf16)")
     a = ap.parse_args()
@@ -132,7 +154,8 @@ def main():
     model_dir, stsb = shared / "models/all-MiniLM-L6-v2", shared / "data/sts/stsbenchmark/sts-train.csv"
     if not model_dir.exists() or not stsb.exists():
         raise UserError(f"{shared}: needs models/all-MiniLM-L6-v2 and sts-train.csv (--shared)")
-    threads = torch.get_num_threads()
+    threads = a.threads or default_threads()
+    torch.set_num_threads(threads)
     wall = {"imports (torch, numpy, the project)": t_imports}
     t = time.perf_counter()
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
@@ -159,7 +182,7 @@ def main():
     kinds = op_kinds(model, tok, texts[:16384], dtype)
     name = str(dtype).removeprefix("torch.") if dtype else "float32"
     print(f"all-MiniLM-L6-v2, {len(texts):,} lines, {tokens:,} tokens ({tokens / len(texts):.1f} a line), dtype "
-          f"{name}, {threads} threads, torch {torch.__version__}\n")
+          f"{name}, {threads} threads, torch {torch.__version__}, on {processor()}\n")
     print("| part of the process | seconds | share |\n|---|---|---|")
     for k, v in wall.items():
         print(f"| {k} | {v:.2f} | {100 * v / whole:.1f}% |")

@@ -2,10 +2,12 @@
 What the GPU check needs from ../shared, packed to travel to the lent GPU machine, which does not see ../shared and
 takes at most 64 MiB of the working tree: all-MiniLM-L6-v2 with its weights in fp16 (45 MB instead of 90; the check
 turns them back into fp32 there, so both of section j's sides load the same weights), the 16 Gutenberg books the
-check trains on, and STS-B dev. Laid out as ../shared is, so that DECLUTR_SHARED can point at it.
+check trains on, STS-B dev, and STS-B train, whose sentences bench/embed_profile.py embeds on that machine's
+processor (issue 55). Laid out as ../shared is, so that DECLUTR_SHARED can point at it.
 
     python bench/gpu_assets.py                      # writes gpu-assets/ (ignored by git), from ../shared
     DECLUTR_SHARED=gpu-assets bash bench/gpu_check.sh            # there, with carry ["gpu-assets"] (docs/gpu.md)
+    python3 bench/embed_profile.py --shared gpu-assets --threads 2 --lines 23000   # there too, on its CPU
 """
 import argparse
 import os
@@ -21,14 +23,15 @@ from support.cli import bench  # noqa: E402
 
 BOOKS = 16  # gpu_check.documents() takes the first 16 books, in name order
 FILES = {"model": Path("models/all-MiniLM-L6-v2"), "books": Path("data/corpus/gutenberg"),
-         "stsb": Path("data/sts/stsbenchmark/sts-dev.csv")}
+         "stsb": Path("data/sts/stsbenchmark/sts-dev.csv"), "stsb train": Path("data/sts/stsbenchmark/sts-train.csv")}
 
 
 def pack(shared: Path, out: Path) -> int:
     """Writes the assets under `out` (which must not exist); returns their bytes."""
     model = shared / FILES["model"]
     books = sorted((shared / FILES["books"]).glob("*.txt"))[:BOOKS]
-    for what, path in (("all-MiniLM-L6-v2", model / "model.safetensors"), ("STS-B dev", shared / FILES["stsb"])):
+    for what, path in (("all-MiniLM-L6-v2", model / "model.safetensors"), ("STS-B dev", shared / FILES["stsb"]),
+                       ("STS-B train", shared / FILES["stsb train"])):
         if not path.exists():
             sys.exit(f"{path}: not found ({what}); point DECLUTR_SHARED at the shared assets")
     if len(books) < BOOKS:
@@ -41,7 +44,8 @@ def pack(shared: Path, out: Path) -> int:
     for book in books:
         shutil.copy(book, out / FILES["books"] / book.name)
     (out / FILES["stsb"]).parent.mkdir(parents=True)
-    shutil.copy(shared / FILES["stsb"], out / FILES["stsb"])
+    for stsb in (FILES["stsb"], FILES["stsb train"]):
+        shutil.copy(shared / stsb, out / stsb)
     return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 
 

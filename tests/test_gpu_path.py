@@ -666,9 +666,9 @@ def test_the_gpu_checks_peak_is_the_gpus_own_and_its_steps_are_timed_without_hos
 
 
 def test_gpu_assets_carry_what_the_check_reads_within_what_travels(tmp_path):
-    """bench/gpu_assets.py: ../shared's model (in fp16, 45 MB), 16 books and STS-B dev, as ../shared lays them out,
-    with the repository under the 64 MiB the GPU machine takes; the check's scored model is the fp32 MiniLM again, its
-    weights within fp16's rounding of the original; an --out that exists is refused, untouched."""
+    """bench/gpu_assets.py: ../shared's model (in fp16, 45 MB), 16 books, STS-B dev and train, as ../shared lays them
+    out, with the repository under the 64 MiB the GPU machine takes; the check's scored model is the fp32 MiniLM
+    again, its weights within fp16's rounding of the original; an --out that exists is refused, untouched."""
     import safetensors.torch
 
     from conftest import SHARED, need
@@ -682,6 +682,7 @@ def test_gpu_assets_carry_what_the_check_reads_within_what_travels(tmp_path):
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split() if (ROOT / f).is_file())
     assert size + tracked < 64 * 2**20
     assert len(list((tmp_path / "a" / "data" / "corpus" / "gutenberg").glob("*.txt"))) == gpu_assets.BOOKS
+    assert all((tmp_path / "a" / path).exists() for path in gpu_assets.FILES.values())
     check = object.__new__(gpu_check.Check)
     check.scored, check.tmp = None, tmp_path / "check"
     check.tmp.mkdir()
