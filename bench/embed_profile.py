@@ -15,7 +15,6 @@ they reach here) and the rest as fast as here: a projection, not a measurement o
 """
 import argparse
 import os
-import platform
 import sys
 import time
 from collections import defaultdict
@@ -42,23 +41,6 @@ KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
          "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
          "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter")}
-
-
-def processor() -> str:
-    """The CPU by name, family and model (/proc/cpuinfo), and its bf16 units as torch sees them."""
-    info = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = info.get("model name") or platform.processor() or "an unnamed processor"
-    if "cpu family" in info:
-        name += f", family {info['cpu family']} model {info.get('model', '?')}"
-    units = [unit for unit, ask in (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
-             if getattr(torch.cpu, ask, lambda: False)()]
-    return f"{name} ({', '.join(units) or 'no bf16 units'})"
 
 
 def dense_flops(c) -> int:
@@ -180,9 +162,11 @@ def main():
     if dtype == torch.bfloat16:  # where embed.py runs bf16, the processor multiplies it
         peaks["bf16"] = peak(model.config, torch.bfloat16, threads)
     kinds = op_kinds(model, tok, texts[:16384], dtype)
+    from embed_speed import processor  # a script beside this one, which imports this one's peak
     name = str(dtype).removeprefix("torch.") if dtype else "float32"
     print(f"all-MiniLM-L6-v2, {len(texts):,} lines, {tokens:,} tokens ({tokens / len(texts):.1f} a line), dtype "
-          f"{name}, {threads} threads, torch {torch.__version__}, on {processor()}\n")
+          f"{name}, {threads} threads, torch {torch.__version__}; {processor()}; AMX usable by torch: "
+          f"{getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)()}\n")
     print("| part of the process | seconds | share |\n|---|---|---|")
     for k, v in wall.items():
         print(f"| {k} | {v:.2f} | {100 * v / whole:.1f}% |")

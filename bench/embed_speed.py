@@ -57,8 +57,16 @@ def measured(cmd, busy: bool = False) -> tuple[float, float]:
 
 
 def processor() -> str:
+    """The CPU as /proc/cpuinfo names it (family and model where the name is only "AMD EPYC"), the cores this process
+    may use, and its units for bf16 and int8 products."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    fields = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "?")
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
     flags = set(info.split())
     units = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
     return f"{name}, {len(os.sched_getaffinity(0))} cores ({', '.join(units)})"

@@ -12,10 +12,15 @@ import time
 import torch
 
 
+def _cpus() -> list[int]:
+    """The CPUs this process may run on: its affinity (a container's or taskset's share, not the machine's)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's or taskset's share, not the machine's). More
-    threads than these only wait on each other, and an absurd count (100,000) crashes OpenMP."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """How many CPUs this process may run on. More threads than these only wait on each other, and an absurd count
+    (100,000) crashes OpenMP."""
+    return len(_cpus())
 
 
 def default_threads() -> int:
@@ -24,8 +29,7 @@ def default_threads() -> int:
     beside one busy process, 2 threads ran at 0.4 of their idle speed and 1 thread at 0.6 of it; alone, 2 threads are
     1.9x 1 (all-MiniLM-L6-v2 in bf16, docs/measurements.md). A core counts as free when it was idle at least 3/4 of
     the moment measured."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return max(1, int(free_cores(cpus) + 0.25) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, int(free_cores(_cpus()) + 0.25) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def free_cores(cpus, seconds: float = 0.1) -> float:
