@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from support import configs, demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
-from support.device import attention, compiled
+from support.device import add_norm, attention, compiled
 from support.files import check_out_folder
 
 
@@ -200,7 +200,7 @@ class SelfAttention(nn.Module):
         y = attention(q, k, v, packing.attend(self.window, x.device),
                       self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
-        return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
+        return add_norm(self.ln, x, self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 
 
 class FeedForward(nn.Module):
@@ -218,7 +218,7 @@ class FeedForward(nn.Module):
         if self.glu:
             h, gate = h.chunk(2, dim=-1)
             return x + self.drop(self.down(self.act(h) * gate))
-        return self.ln(x + self.drop(self.down(self.act(h))))
+        return add_norm(self.ln, x, self.drop(self.down(self.act(h))))
 
 
 class Layer(nn.Module):

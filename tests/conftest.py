@@ -22,7 +22,7 @@ def the_users_shell_does_not_matter(monkeypatch, tmp_path_factory):
     HF_TOKEN, `hf auth login`): every variable the code reads is cleared here, and a test sets what it needs. Only
     DECLUTR_SHARED (where the assets are) and DECLUTR_STRICT (CI's) are the user's, read once above."""
     for name in ("HF_HUB_OFFLINE", "HF_ENDPOINT", "HF_TOKEN", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH",
-                 "DECLUTR_PROGRESS_EVERY", "DECLUTR_STSB_URL", "XDG_CACHE_HOME"):
+                 "DECLUTR_PROGRESS_EVERY", "DECLUTR_STSB_URL", "XDG_CACHE_HOME", "DECLUTR_CPU_KERNELS", "CXX"):
         monkeypatch.delenv(name, raising=False)
     if "huggingface_hub" in sys.modules:  # it reads these once, when imported
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
