@@ -167,7 +167,7 @@ def work_and_peak(model: Path, lines: Path, has_bf16: bool) -> tuple[float, floa
     texts = lines.read_text(encoding="utf-8").splitlines()
     work = dense_flops(config) * sum(len(p) for p in E.tokenize(texts, tok, config.max_tokens).pieces)
     dtypes = [torch.float32] + ([torch.bfloat16] if has_bf16 else [])
-    return work, max(peak(config, dtype, torch.get_num_threads()) for dtype in dtypes)
+    return work, max(peak(config, dtype, torch.get_num_threads())[0] for dtype in dtypes)
 
 
 def beside_busy(a, n: int, lines: Path, runs: dict, d: Path) -> list:
