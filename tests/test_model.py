@@ -220,11 +220,27 @@ def test_sentencepiece_model_alone_says_how_to_convert(tmp_path, capsys):
     assert "only sentencepiece.bpe.model" in err and "save_pretrained" in err
 
 
+def test_key_map_names_every_parameter():
+    """load_pretrained initialises only a missing MLM head: a parameter the key map missed would keep the modules'
+    default draws, not BERT's initialisation, unnoticed."""
+    for c in [M.ModelConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32, model_type=kind) for kind in ("roberta", "bert")] + \
+             [M.ModelConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                            intermediate_size=32, model_type="modernbert", local_attention=8,
+                            global_attn_every_n_layers=3, global_rope_theta=1e4, local_rope_theta=1e4)]:
+        assert set(M.hf_key_map(c)) == set(M.Encoder(c).state_dict()), c.model_type
+
+
 def test_bare_encoder_gets_fresh_head(tmp_path, capsys):
     hf = hf_tiny("roberta")
     save_with_tokenizer(hf.roberta, tmp_path)  # RobertaModel: no lm_head.*, keys without the roberta. prefix
     ours, _ = M.load_pretrained(str(tmp_path))
     assert "no MLM head" in capsys.readouterr().err
+    # The fresh head is BERT's initialisation, the same at every load: N(0, 0.02) weights, zero biases, unit LayerNorm
+    head = ours.mlm
+    assert 0.015 < head.dense.weight.std() < 0.025 and abs(head.dense.weight.mean()) < 0.005
+    assert not head.dense.bias.any() and not head.bias.any() and not head.ln.bias.any() and (head.ln.weight == 1).all()
+    assert torch.equal(M.load_pretrained(str(tmp_path), quiet=True)[0].mlm.dense.weight, head.dense.weight)
     ids, mask = padded_batch(1)
     with torch.no_grad():
         r = mask.bool()
