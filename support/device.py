@@ -160,15 +160,16 @@ def _fused_rows(q, k, v, mask):
 
 def add_norm(ln, x, y):
     """ln(x + y): the residual sum, normalised as BERT does (post-LN; ModernBERT's ln is the identity). On a CPU in bf16
-    without gradients, one pass (support/kernels.cpp) whose fp32 result carries its bf16 rounding for the next
-    product (PackedLinear): 0.25 ms against 0.55 for 2,048 tokens at H=384."""
-    if isinstance(ln, torch.nn.LayerNorm) and x.device.type == "cpu" and x.dtype == torch.float32 and \
-            y.dtype == torch.bfloat16 and x.dim() == 2 and x.shape == y.shape and x.is_contiguous() and \
+    without gradients, one pass (support/kernels.cpp) whose result is rounded to bf16 once: the residual stream goes on
+    in bf16, as the next product reads it (all-MiniLM-L6-v2: lowest cosine to fp32 0.999945 against torch's bf16
+    0.999946, STS-B dev unchanged). 2,048 tokens at H=384, one thread, an AMX Xeon: 0.50 ms against 0.69 with an fp32
+    result as well (half the bytes of a pass that memory bounds), torch's own operations 2.0."""
+    if isinstance(ln, torch.nn.LayerNorm) and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
+            and y.dtype == torch.bfloat16 and x.dim() == 2 and x.shape == y.shape and x.is_contiguous() and \
             y.is_contiguous() and ln.weight is not None and ln.bias is not None and \
             ln.weight.dtype == torch.float32 and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        done = kernels.add_layer_norm(x, y, ln.weight, ln.bias, ln.eps)
-        if done is not None:
-            out, out._bf16 = done
+        out = kernels.add_layer_norm(x, y, ln.weight, ln.bias, ln.eps)
+        if out is not None:
             return out
     return ln(x + y)
 
@@ -208,8 +209,7 @@ class PackedLinear(torch.nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x):
-        # As autocast would, where the model runs under it; add_norm's output comes with its rounding made
-        x = x._bf16 if self.dtype == torch.bfloat16 and hasattr(x, "_bf16") else x.to(self.dtype)
+        x = x.to(self.dtype)  # as autocast would, where the model runs under it (add_norm's bf16 output: as it is)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
 
 

@@ -4,7 +4,7 @@
 // each: q, k and v copied head-major, q k^T, the mask, the softmax, a cast, p v, the heads put back, then the
 // residual add, LayerNorm and a cast, twice a layer (docs/measurements.md, issue 55's fifth round). Here each is one:
 //   attention_rows  softmax(q k^T / sqrt(hd)) v for rows of up to 64 tokens, read from the q|k|v product as it is
-//   add_layer_norm  LayerNorm(x + y) in fp32, and the same rounded to bf16 for the next product
+//   add_layer_norm  LayerNorm(x + y) in fp32, rounded to bf16: the residual stream and the next product's input
 // Portable C++ with GCC/Clang vector types (AVX-512, AVX2 or NEON as -march=native gives); bf16 is handled as its
 // 16 bits (the top half of an fp32), rounded to nearest even as torch rounds it; every sum is in fp32.
 #include <cmath>
@@ -146,29 +146,39 @@ extern "C" int attention_rows(const uint16_t *qkv, uint16_t *y, const int64_t *l
     return 1;
 }
 
-// out = LayerNorm(x + y) over rows of H, x fp32, y bf16, gamma and beta fp32; out16 the same rounded to bf16.
-// 0, or 1 for an H not built here.
-extern "C" int add_layer_norm(const float *x, const uint16_t *y, const float *gamma, const float *beta, float eps,
-                              float *out, uint16_t *out16, int64_t N, int64_t H) {
+static inline v16 load16(const float *p) {  // 16 fp32
+    v16 r;
+    std::memcpy(&r, p, 64);
+    return r;
+}
+
+// out = LayerNorm(x + y) over rows of H, rounded to bf16: x fp32 (the embeddings' output) or bf16 (a layer's, this
+// kernel's own), y bf16, gamma and beta fp32. The residual stream stays in bf16 between layers: half the bytes of a
+// pass that memory bounds, and no further rounding for the next product, which reads bf16.
+template <typename X>
+static int add_norm_rows(const X *x, const uint16_t *y, const float *gamma, const float *beta, float eps,
+                         uint16_t *out, int64_t N, int64_t H) {
     const int64_t HV = H / 16;
     if (H % 16 || HV > 256) return 1;
     v16 t[256];
     for (int64_t n = 0; n < N; n++) {
         v16 sum = v16{}, squares = v16{};
-        for (int64_t c = 0; c < HV; c++) {
-            std::memcpy(&t[c], x + n * H + 16 * c, 64);
-            t[c] += load16(y + n * H + 16 * c), sum += t[c];
-        }
+        for (int64_t c = 0; c < HV; c++) t[c] = load16(x + n * H + 16 * c) + load16(y + n * H + 16 * c), sum += t[c];
         v16 mean = splat(hsum(sum) / H);
         for (int64_t c = 0; c < HV; c++) squares += (t[c] - mean) * (t[c] - mean);
         v16 r = splat(1.f / std::sqrt(hsum(squares) / H + eps));
         for (int64_t c = 0; c < HV; c++) {
             v16 g, b;
             std::memcpy(&g, gamma + 16 * c, 64), std::memcpy(&b, beta + 16 * c, 64);
-            v16 z = (t[c] - mean) * r * g + b;
-            std::memcpy(out + n * H + 16 * c, &z, 64);
-            store16(out16 + n * H + 16 * c, z);
+            store16(out + n * H + 16 * c, (t[c] - mean) * r * g + b);
         }
     }
     return 0;
+}
+
+// x_bf16: whether x is bf16 (else fp32). 0, or 1 for an H not built here.
+extern "C" int add_layer_norm(const void *x, int x_bf16, const uint16_t *y, const float *gamma, const float *beta,
+                              float eps, uint16_t *out, int64_t N, int64_t H) {
+    return x_bf16 ? add_norm_rows((const uint16_t *)x, y, gamma, beta, eps, out, N, H)
+                  : add_norm_rows((const float *)x, y, gamma, beta, eps, out, N, H);
 }

@@ -82,7 +82,7 @@ def _load():
     P, I64 = ctypes.c_void_p, ctypes.c_int64
     lib.attention_rows.restype = lib.add_layer_norm.restype = ctypes.c_int
     lib.attention_rows.argtypes = [P, P, P, I64, I64, I64, I64, ctypes.c_float]
-    lib.add_layer_norm.argtypes = [P, P, P, P, ctypes.c_float, P, P, I64, I64]
+    lib.add_layer_norm.argtypes = [P, ctypes.c_int, P, P, P, ctypes.c_float, P, I64, I64]
     return lib
 
 
@@ -100,12 +100,12 @@ def attention_rows(qkv, lengths, B: int, T: int, n_head: int):
 
 
 def add_layer_norm(x, y, weight, bias, eps: float):
-    """LayerNorm(x + y) for (N, H) fp32 x and bf16 y, fp32 weight and bias -> (fp32, the same rounded to bf16); None
-    where the kernels are not built or not for this H."""
+    """LayerNorm(x + y) for (N, H) fp32 or bf16 x and bf16 y, fp32 weight and bias -> (N, H) bf16, summed and
+    normalised in fp32; None where the kernels are not built or not for this H."""
     lib = library()
     if lib is None:
         return None
-    out, rounded = torch.empty_like(x), torch.empty(x.shape, dtype=torch.bfloat16)
-    failed = lib.add_layer_norm(x.data_ptr(), y.data_ptr(), weight.data_ptr(), bias.data_ptr(), eps, out.data_ptr(),
-                                rounded.data_ptr(), x.shape[0], x.shape[1])
-    return None if failed else (out, rounded)
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    failed = lib.add_layer_norm(x.data_ptr(), int(x.dtype == torch.bfloat16), y.data_ptr(), weight.data_ptr(),
+                                bias.data_ptr(), eps, out.data_ptr(), x.shape[0], x.shape[1])
+    return None if failed else out
