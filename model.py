@@ -271,8 +271,7 @@ class Encoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, head_only: bool = False):
-        """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, a zero pad embedding; of the MLM
-        head alone with head_only (a checkpoint without one)."""
+        """BERT's initialisation: N(0, 0.02) weights, zero biases and pad row, unit LayerNorms; or the MLM head's."""
         for m in (self.mlm if head_only else self).modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 m.weight.normal_(0.0, self.config.initializer_range, generator=generator)
@@ -386,15 +385,11 @@ def load_pretrained(name: str, quiet: bool = False):
     """A local Hugging Face directory or a hub id -> (encoder in eval mode, tokenizer)."""
     d = hub.resolve(name)
     config, tok = load_config_and_tokenizer(str(d))
-    # BERT's initialisation only where the checkpoint has nothing (0.15 s of all-MiniLM-L6-v2's load, drawn for weights
-    # it replaced; built on the meta device instead, the modules' own first draws would import torch._dynamo, 1 s)
-    model = Encoder(config)
-    tensors = hub.read_safetensors(d, config.prefix)
-    notes = hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm.")
-    if notes:  # no MLM head in the checkpoint: a fresh one, as a new model's
-        model.init_weights(torch.Generator().manual_seed(0), head_only=True)
-    for note in notes if not quiet else []:
-        say(note, file=sys.stderr)
+    model, tensors = Encoder(config), hub.read_safetensors(d, config.prefix)
+    for note in hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm."):
+        model.init_weights(torch.Generator().manual_seed(0), head_only=True)  # the one note: no MLM head, a fresh one
+        if not quiet:
+            say(note, file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
         raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
     model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit
