@@ -1,15 +1,19 @@
-// support/kernels.cpp: two fused CPU kernels for a bf16 forward without gradients (embed.py, evaluate_sts.py), built
+// support/kernels.cpp: fused CPU kernels for a bf16 forward without gradients (embed.py, evaluate_sts.py), built
 // once a machine by support/kernels.py with the system's C++ compiler; torch's operations run wherever they are not.
 // Between the dense products of all-MiniLM-L6-v2 on 2,048 tokens, torch's CPU operations make one pass over a batch
 // each: q, k and v copied head-major, q k^T, the mask, the softmax, a cast, p v, the heads put back, then the
 // residual add, LayerNorm and a cast, twice a layer (docs/measurements.md, issue 55's fifth round). Here each is one:
 //   attention_rows  softmax(q k^T / sqrt(hd)) v for rows of up to 64 tokens, read from the q|k|v product as it is
 //   add_layer_norm  LayerNorm(x + y) in fp32, rounded to bf16: the residual stream and the next product's input
+//   gelu_bf16       GELU in place on the feed-forward's bf16 up product, a cheaper pass than oneDNN's inside it
 // Portable C++ with GCC/Clang vector types (AVX-512, AVX2 or NEON as -march=native gives); bf16 is handled as its
 // 16 bits (the top half of an fp32), rounded to nearest even as torch rounds it; every sum is in fp32.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 typedef float v16 __attribute__((vector_size(64)));   // 16 fp32 lanes
 typedef int32_t i16v __attribute__((vector_size(64)));
@@ -28,9 +32,14 @@ static inline v16 load16(const uint16_t *p) {  // 16 bf16 -> fp32
 }
 
 static inline void store16(uint16_t *p, v16 x) {  // 16 fp32 -> bf16, to nearest even (finite values)
+#ifdef __AVX512BF16__  // one instruction where the processor has it (every CPU that runs bf16 here: AVX512-BF16 or AMX)
+    __m256bh r = _mm512_cvtneps_pbh((__m512)x);
+    std::memcpy(p, &r, 32);
+#else
     uint32_t u[16];
     std::memcpy(u, &x, 64);
     for (int l = 0; l < 16; l++) p[l] = (uint16_t)((u[l] + 0x7FFFu + ((u[l] >> 16) & 1u)) >> 16);
+#endif
 }
 
 static inline float hsum(v16 x) {
@@ -181,4 +190,31 @@ extern "C" int add_layer_norm(const void *x, int x_bf16, const uint16_t *y, cons
                               float eps, uint16_t *out, int64_t N, int64_t H) {
     return x_bf16 ? add_norm_rows((const uint16_t *)x, y, gamma, beta, eps, out, N, H)
                   : add_norm_rows((const float *)x, y, gamma, beta, eps, out, N, H);
+}
+
+// GELU(x) = x Phi(x), Phi the normal distribution: Phi(x) - 1/2 an odd polynomial of degree 15 on [-4, 4], fitted
+// to the least largest error under Phi(+-4) = 1 and 0 exactly, and x clamped there: within 3.3e-5 of Phi everywhere
+// (Phi(-4) itself is 3.2e-5), 20 vector instructions for 16 values, against oneDNN's erf inside the product (1.48 ms
+// of its 3.07 at 2,048 x 1,536, one thread; this pass 0.8). x is bf16, the product's rounding: GELU of what torch's
+// autocast would hand it.
+static inline v16 gelu16(v16 x) {
+    v16 c = x > -4.f ? x : splat(-4.f);
+    c = c < 4.f ? c : splat(4.f);
+    v16 z = c * c, p = splat(-1.258268813e-09f);
+    p = p * z + 1.032600753e-07f, p = p * z - 3.681293296e-06f, p = p * z + 7.584552598e-05f;
+    p = p * z - 1.018805312e-03f, p = p * z + 9.573936235e-03f, p = p * z - 6.605320570e-02f;
+    p = p * z + 3.988009576e-01f;
+    return x * (c * p + 0.5f);
+}
+
+extern "C" int gelu_bf16(uint16_t *x, int64_t n) {
+    int64_t whole = n - n % 16;
+    for (int64_t i = 0; i < whole; i += 16) store16(x + i, gelu16(load16(x + i)));
+    if (whole < n) {  // the last few, through a vector's worth of zeros
+        uint16_t tail[16] = {};
+        std::memcpy(tail, x + whole, 2 * (n - whole));
+        store16(tail, gelu16(load16(tail)));
+        std::memcpy(x + whole, tail, 2 * (n - whole));
+    }
+    return 0;
 }
