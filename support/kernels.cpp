@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#ifdef __AVX512BF16__
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -21,7 +21,20 @@ static const int QB = 4;  // queries at a time in p v: independent chains of mul
 static const int KB = 4;  // keys at a time in q k^T
 
 static inline v16 splat(float x) { return v16{} + x; }
-static inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+static inline v16 vmax(v16 a, v16 b) {  // a > b ? a : b, one instruction where the compiler will not make it one
+#ifdef __AVX512F__
+    return (v16)_mm512_max_ps((__m512)a, (__m512)b);
+#else
+    return a > b ? a : b;
+#endif
+}
+static inline v16 vmin(v16 a, v16 b) {  // a < b ? a : b
+#ifdef __AVX512F__
+    return (v16)_mm512_min_ps((__m512)a, (__m512)b);
+#else
+    return a < b ? a : b;
+#endif
+}
 
 static inline v16 load16(const uint16_t *p) {  // 16 bf16 -> fp32
     uint32_t u[16];
@@ -53,7 +66,7 @@ static inline float hsum(v16 x) {
 // exp(x) for x <= 0: 2^n exp(r), |r| <= ln2/2, exp(r) by its series to r^6 (relative error about 2e-7); below -87,
 // where fp32 runs out, exp(-87) (a masked key's weight: 1e-38 against a sum of at least 1)
 static inline v16 vexp(v16 x) {
-    x = x < -87.f ? splat(-87.f) : x;
+    x = vmax(splat(-87.f), x);  // a NaN stays one
     v16 t = x * 1.44269504f + 0.5f;
     v16 n = __builtin_convertvector(__builtin_convertvector(t, i16v), v16);
     n = n > t ? n - 1.f : n;  // floor(t): the conversion rounds toward zero
@@ -198,8 +211,7 @@ extern "C" int add_layer_norm(const void *x, int x_bf16, const uint16_t *y, cons
 // of its 3.07 at 2,048 x 1,536, one thread; this pass 0.8). x is bf16, the product's rounding: GELU of what torch's
 // autocast would hand it.
 static inline v16 gelu16(v16 x) {
-    v16 c = x > -4.f ? x : splat(-4.f);
-    c = c < 4.f ? c : splat(4.f);
+    v16 c = vmin(vmax(x, splat(-4.f)), splat(4.f));  // a NaN x: -4, and x Phi(x) is NaN again
     v16 z = c * c, p = splat(-1.258268813e-09f);
     p = p * z + 1.032600753e-07f, p = p * z - 3.681293296e-06f, p = p * z + 7.584552598e-05f;
     p = p * z - 1.018805312e-03f, p = p * z + 9.573936235e-03f, p = p * z - 6.605320570e-02f;
