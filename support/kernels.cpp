@@ -7,7 +7,8 @@
 //   add_layer_norm  LayerNorm(x + y) in fp32, rounded to bf16: the residual stream and the next product's input
 //   gelu_bf16       GELU in place on the feed-forward's bf16 up product, a cheaper pass than oneDNN's inside it
 // Portable C++ with GCC/Clang vector types (AVX-512, AVX2 or NEON as -march=native gives); bf16 is handled as its
-// 16 bits (the top half of an fp32), rounded to nearest even as torch rounds it; every sum is in fp32.
+// 16 bits (the top half of an fp32), rounded to nearest even as torch rounds it (but for results below fp32's
+// smallest normal, which AVX512-BF16's conversion makes zero); every sum is in fp32.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -207,9 +208,9 @@ extern "C" int add_layer_norm(const void *x, int x_bf16, const uint16_t *y, cons
 
 // GELU(x) = x Phi(x), Phi the normal distribution: Phi(x) - 1/2 an odd polynomial of degree 15 on [-4, 4], fitted
 // to the least largest error under Phi(+-4) = 1 and 0 exactly, and x clamped there: within 3.3e-5 of Phi everywhere
-// (Phi(-4) itself is 3.2e-5), 20 vector instructions for 16 values, against oneDNN's erf inside the product (1.48 ms
-// of its 3.07 at 2,048 x 1,536, one thread; this pass 0.8). x is bf16, the product's rounding: GELU of what torch's
-// autocast would hand it.
+// (Phi(-4) itself is 3.2e-5), 16 vector instructions for 16 values, against oneDNN's erf inside the product (1.48 ms
+// of its 3.07 at 2,048 x 1,536, one thread; this pass 1.0-1.2, bound by memory). x is bf16, the product's rounding:
+// GELU of what torch's autocast would hand it.
 static inline v16 gelu16(v16 x) {
     v16 c = vmin(vmax(x, splat(-4.f)), splat(4.f));  // a NaN x: -4, and x Phi(x) is NaN again
     v16 z = c * c, p = splat(-1.258268813e-09f);
