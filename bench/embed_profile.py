@@ -213,6 +213,12 @@ def main():
           f"products {1000 * (whole - products) / len(texts):.3f} ms a line (measured); the products themselves run "
           f"at {100 * share:.0f}% of the peak. Projected, products at {a.matrix_peak:,.0f} GFLOP/s and that share, the "
           f"rest as here: {elsewhere:.2f} s, {100 * projected:.0f}% of that peak (a projection, not a measurement)")
+    # A shared host's cores slow down and speed up (another tenant's work on the same core): the peak is the best of
+    # short runs, the forward a long one. Where the products inside it ran far from the peak, or the peak's own runs
+    # spread, the host's speed moved during the run, and the share is the host's as much as this code's
+    if not 0.8 <= share <= 1.2 or best > 1.25 * typical:
+        print(f"the host's speed moved during this run (products in the forward at {100 * share:.0f}% of the peak, the "
+              f"peak's best {best / typical:.2f}x its median): run it again for a share to compare")
 
 
 if __name__ == "__main__":
