@@ -208,9 +208,9 @@ extern "C" int add_layer_norm(const void *x, int x_bf16, const uint16_t *y, cons
 
 // GELU(x) = x Phi(x), Phi the normal distribution: Phi(x) - 1/2 an odd polynomial of degree 15 on [-4, 4], fitted
 // to the least largest error under Phi(+-4) = 1 and 0 exactly, and x clamped there: within 3.3e-5 of Phi everywhere
-// (Phi(-4) itself is 3.2e-5), 16 vector instructions for 16 values, against oneDNN's erf inside the product (1.48 ms
-// of its 3.07 at 2,048 x 1,536, one thread; this pass 1.0-1.2, bound by memory). x is bf16, the product's rounding:
-// GELU of what torch's autocast would hand it.
+// (Phi(-4) itself is 3.2e-5), 16 vector instructions for 16 values, bound by memory: the product with it 2.52 ms
+// against 3.28 with oneDNN's erf inside (2,048 x 1,536, one thread, support/device.py). x is bf16, the product's
+// rounding: GELU of what torch's autocast would hand it.
 static inline v16 gelu16(v16 x) {
     v16 c = vmin(vmax(x, splat(-4.f)), splat(4.f));  // a NaN x: -4, and x Phi(x) is NaN again
     v16 z = c * c, p = splat(-1.258268813e-09f);
