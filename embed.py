@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from model import Packing, load_pretrained, mean_pool
-from support import embed_job, embedding
+from support import cpu_layers, embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
-from support.device import OnDevice, autocast, compute, device_and_dtype, packed_linears, to_device
+from support.device import OnDevice, autocast, compiled_encoder, compute, device_and_dtype, is_compiled, to_device
 from support.hub import special_ids
 from support.processes import processes
 from support.threads import across_cores, cpu_threads
@@ -47,25 +47,12 @@ class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
     batch_tokens: int = flag(0, "padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU", low=0)
     block: int = flag(16384, "texts read, sorted and embedded at a time: bounds memory for inputs of any size", low=1)
+    compile: bool = flag(False, "torch.compile the encoder (inductor), for long jobs. On a 2-core AMX Xeon it never "
+                                "paid: its graphs take ~50 s, then run no faster (1,000,000 lines: 371-379 s, "
+                                "default 317-320); on a GPU not yet measured")
 
     def validate(self):
-        """npy (float32, texts x hidden) or jsonl (an {"embedding": [...]} per line), by --output's extension."""
-        suffix = Path(self.output).suffix
-        if Path(self.output).is_dir():
-            raise UserError(f"--output {self.output}: is a folder; name the file to write")  # a path: exit 1
-        if self.format and suffix in (".npy", ".jsonl") and suffix != "." + self.format:
-            raise UserError(f"--format {self.format}: --output {self.output} says {suffix[1:]}; name the file "
-                            f".{self.format} or leave --format out", code=2)
-        if not self.format and suffix not in (".npy", ".jsonl"):
-            raise UserError(f"--output {self.output}: cannot tell the format from its name; pass --format npy or "
-                            f"--format jsonl", code=2)
-        self.format = self.format or suffix[1:]
-        if self.output_dtype != "float32" and self.format != "npy":
-            raise UserError(f"--output-dtype {self.output_dtype}: for .npy only (a .jsonl row is text)", code=2)
-        if self.ranges and self.output_dtype != "int8":
-            raise UserError("--ranges: for --output-dtype int8 only", code=2)
-        if self.resume and self.overwrite:
-            raise UserError("--resume and --overwrite: continue the job, or start it afresh, not both", code=2)
+        embedding.check_flags(self)  # one line for a combination of flags that cannot be
 
 
 def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
@@ -127,15 +114,16 @@ def embed_tokenized(tokenized: Tokenized, model, tok, *, batch_tokens: int = 0, 
 
     def embed_batch(batch):
         rows, T = batch  # padded to T, and where the real tokens are, worked out on the host (None: run as it is)
-        ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device, dtype)
+        ids, mask, positions, attend = embedding.padded_batch([pieces[k] for k in rows], pad, T, device)
         with autocast(dtype, device):  # a thread's own: on a CPU several batches run at once, a thread each
             h = model(ids, mask, Packing(*ids.shape, positions, attend))  # (rows, T, H)
         # §3.1: each piece's embedding is the mean of its token states, pooled in fp32 whatever the encoder ran in
         return rows, mean_pool(h.float(), mask)
 
-    # One autocast region for all (a GPU casts weights once a call; a CPU lays out oneDNN's once, if it pays for it)
-    with embedding.eval_mode(model), packed_linears(model, dtype, sum(map(len, pieces))), compute(dtype, device):
-        for rows, pooled in across_cores(batches, embed_batch, cpu=device.type == "cpu"):
+    # One autocast region for all: a GPU casts the weights once a call, not once a batch. On a CPU several batches
+    # at once, a thread each; a compiled model's one at a time (a graph built in one thread waits on the others forever)
+    with embedding.eval_mode(model), compute(dtype, device):
+        for rows, pooled in across_cores(batches, embed_batch, cpu=device.type == "cpu" and not is_compiled(model)):
             out.index_copy_(0, to_device(rows, device), pooled)
             finished(rows)
     out = out.cpu().numpy()
@@ -184,6 +172,10 @@ def embed_files(cfg: EmbedConfig, argv=None):
     device, dtype = device_and_dtype(str(proc.device) if cfg.device == "auto" else cfg.device, cfg.dtype)
     model, tok = load_pretrained(cfg.model, quiet=True)
     model.to(device)
+    if cfg.compile:  # inductor's kernels for the whole forward, the weights frozen in (support/device.py)
+        model = compiled_encoder(model)
+    elif cfg.onednn:  # on a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
+        model = cpu_layers.swap_in(model, dtype)
     with embed_job.started(cfg, proc, model, device, dtype, max_tokens(model), argv) as job:
         # This process's blocks, in input order, each tokenised, embedded and kept before the next
         for block, pieces in job.blocks(lambda texts: tokenize(texts, tok, max_tokens(model), cfg.long),

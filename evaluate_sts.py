@@ -22,11 +22,12 @@ import numpy as np
 
 from embed import encode
 from model import load_pretrained
+from support import cpu_layers
 from support.cli import Progress, UserError, cli, flag, parse_config
 from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
-from support.sts_files import FEW, download_stsb, find_tasks, load_stsb_dev, no_nan, table, task_files  # noqa: F401
+from support.sts_files import FEW, no_nan, table, tasks_to_score
 from support.threads import cpu_threads
 
 
@@ -152,26 +153,18 @@ def evaluate(cfg: EvalConfig):
         raise UserError("no --model given")
     if cfg.json and not Path(cfg.json).resolve().parent.is_dir():
         raise UserError(f"--json {cfg.json}: no folder {Path(cfg.json).parent} to write it into")
-    root = Path(cfg.data) if cfg.data else download_stsb(cfg.split)
-    if not root.is_dir():
-        raise UserError(f"{root}: not a directory")
-    found = find_tasks(root, cfg.split)
-    if missing := [t for t in cfg.tasks if t not in found]:  # the tasks asked for by name, each one there
-        raise UserError(f"{root}: no {cfg.split} files of " + "; ".join(f"{t} ({task_files(t, cfg.split)})"
-                                                                       for t in missing)
-                        + (f"; it has {', '.join(found)}" if found else ""))
-    tasks = {t: v for t, v in found.items() if t in cfg.tasks or not cfg.tasks}
-    if not tasks:
-        raise UserError(f"{root}: no {cfg.split} files of STSB, SICK-R or STS12-16 found"
-                        + ("" if cfg.split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
+    tasks = tasks_to_score(cfg.data, cfg.split, cfg.tasks)  # no --data: the STS Benchmark, downloaded once
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
         progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
         model, tok, cache = *load_pretrained(name, quiet=True), {}
+        model.to(device)
+        if cfg.onednn:  # on a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
+            model = cpu_layers.swap_in(model, dtype)
         for precision in dict.fromkeys(["float32", *cfg.output_dtype]):  # each embedded once, then quantised
             label = name if precision == "float32" else f"{name} {precision}"
-            results[label] = score(model.to(device), tok, tasks, cfg.batch_tokens, progress, dtype, precision, cache)
+            results[label] = score(model, tok, tasks, cfg.batch_tokens, progress, dtype, precision, cache)
         progress.note(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
     print(table(results) + ("\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""))
     if cfg.json:

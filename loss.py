@@ -13,7 +13,7 @@ positive -> anchor) and averaged over the 2AN terms.
 Across GPUs, the embeddings of every rank are gathered so that all of them serve as negatives (`gather`, below).
 
     from loss import nt_xent
-    loss = nt_xent(anchors, positives)        # anchors (M, d), positives (M, P, d) or (M, d)
+    loss = nt_xent(anchors, positives)        # anchors (n, d), positives (n, P, d) or (n, d)
 """
 import torch
 import torch.distributed as dist
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 
 
 def nt_xent(anchors: torch.Tensor, positives: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
-    """The scalar NT-Xent loss of §3.2: anchors (M, d), positives (M, P, d) or (M, d), local to this rank."""
+    """The scalar NT-Xent loss of §3.2 over this rank's n anchors (n, d) and their positives (n, P, d) or (n, d)."""
     # §3.2: "we average the positive embeddings": one positive per anchor, robust to an unlucky short span
     if positives.dim() == 3:
-        positives = positives.mean(dim=1)  # (M, d)
+        positives = positives.mean(dim=1)  # (n, d)
     # Many processes: every rank's embeddings join the batch, so every one of them is a negative everywhere
-    anchors, positives = gather(anchors), gather(positives)
+    anchors, positives = gather(anchors), gather(positives)  # (M, d) each: the M = A·N anchors of every rank
     M = anchors.shape[0]
     # Cosine similarity of every pair of the 2M embeddings, divided by tau. In fp32 even under bf16 autocast:
     # cosines divided by 0.05 need more than bf16's three significant digits.

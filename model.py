@@ -1,11 +1,16 @@
 """
-model.py: the encoder that DeCLUTR trains, a RoBERTa (or BERT, or ModernBERT) transformer in plain PyTorch.
+model.py: the encoder that DeCLUTR trains, a RoBERTa or BERT transformer (and ModernBERT), in plain PyTorch.
 
 DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token states; §3.1 mean-pools them over the
 attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked language modelling head, so
 the MLM logits come from the same forward pass as the embeddings. Weights come and go as Hugging Face
 safetensors through an explicit name map, so transformers and sentence-transformers load ours unchanged
 (hub downloads and file formats: support/hub.py).
+
+The forward below is what runs: in training, on a GPU, in fp32 and in bf16. One swap, made in one visible line of
+embed.py and of evaluate_sts.py, nowhere else: on a CPU, for inference, the layers' linear products become oneDNN's,
+their weights laid out once and BERT's GELU applied inside the up product (support/cpu_layers.py; `--no-onednn`
+keeps the layers below).
 
     python model.py info distilroberta-base                  # download into $HF_HOME/hub once, load, print its shape
     python model.py info path/to/checkpoint                  # the same for a local Hugging Face folder
@@ -24,7 +29,6 @@ import torch.nn.functional as F
 from support import configs, demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
-from support.device import add_norm, attention, compiled
 from support.files import check_out_folder
 
 
@@ -61,7 +65,7 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 
     @property
     def modern(self) -> bool:
-        """ModernBERT (Warner et al., 2024): pre-norm, no biases, GeGLU, rotary positions, local attention."""
+        """ModernBERT (Warner et al., 2024): its own layers, below the RoBERTa and BERT ones."""
         return self.model_type == "modernbert"
 
     @property
@@ -83,10 +87,6 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 GELU_TANH = functools.partial(F.gelu, approximate="tanh")
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH, "gelu_pytorch_tanh": GELU_TANH}
 
-
-def norm(c: ModelConfig):
-    return nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)  # ModernBERT: no biases anywhere
-
 # -----------------------------------------------------------------------------------------------
 # The network
 
@@ -96,15 +96,12 @@ class Embeddings(nn.Module):
         super().__init__()
         self.c = c
         self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        if not c.modern:  # ModernBERT's positions are rotations inside attention
-            self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-            self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.ln = norm(c)
-        self.drop = nn.Dropout(c.hidden_dropout_prob if c.embedding_dropout is None else c.embedding_dropout)
+        self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, ids):
-        if self.c.modern:
-            return self.drop(self.ln(self.word(ids)))
         if self.c.roberta:
             # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq does),
             # so a span's positions do not depend on how much padding its batch needed.
@@ -119,15 +116,15 @@ class Embeddings(nn.Module):
 class Packing:
     """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers run on. Spans of
     32-512 tokens batched together are often half padding (§3.1's lengths): every token-wise matmul runs on the real
-    tokens only (and on a few padding places more where a caller rounds N up), and padding exists only inside
-    attention, masked there. positions None: the batch left as it is, attending without a mask unless one is given
-    (embed.py's batches of texts of near-equal lengths, whose few padding places cost less to run than to take out)."""
+    tokens only, and padding exists only inside attention, masked there. positions None: the batch left as it is,
+    attending without a mask unless one is given (embed.py's batches of texts of near-equal lengths, whose few
+    padding places cost less to run than to take out)."""
 
     def __init__(self, B: int, T: int, positions=None, attention_mask=None):
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
         self.key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        self.bands, self.cos_sin = {}, {}  # window -> attend()'s mask; (theta, head size) -> turns()'s
+        self.bands, self.cos_sin = {}, {}  # ModernBERT's, made once a forward: window -> attend()'s; turns()'s
 
     @classmethod
     def of(cls, B: int, T: int, attention_mask=None):
@@ -137,8 +134,19 @@ class Packing:
             return cls(B, T)
         return cls(B, T, attention_mask.flatten().nonzero().squeeze(1), attention_mask)
 
+    def pack(self, x):
+        """(B, T, ...) -> (N, ...)"""
+        x = x.flatten(0, 1)
+        return x if self.positions is None else x[self.positions]
+
+    def unpack(self, x):
+        """(N, ...) -> (B, T, ...), zeros at padding"""
+        if self.positions is not None:
+            x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
+        return x.view(self.B, self.T, *x.shape[1:])
+
     def attend(self, window: int | None, device):
-        """What a query may attend to: the real keys, and on ModernBERT's local layers only those within `window`
+        """What a query of ModernBERT may attend to: the real keys, on its local layers only those within `window`
         positions of it; (B | 1, 1, T | 1, T), or None for everything."""
         if window is None or self.T <= window + 1:  # every key within the window anyway
             return self.key_mask
@@ -155,76 +163,67 @@ class Packing:
             self.cos_sin[theta, hd] = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()
         return self.cos_sin[theta, hd]
 
-    def pack(self, x):
-        """(B, T, ...) -> (N, ...)"""
-        x = x.flatten(0, 1)
-        return x if self.positions is None else x[self.positions]
 
-    def unpack(self, x):
-        """(N, ...) -> (B, T, ...), zeros at padding"""
-        if self.positions is not None:
-            x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
-        return x.view(self.B, self.T, *x.shape[1:])
+# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls around a softmax
+# than in torch's flash kernel, whose fixed cost per (row, head) is several times their arithmetic, once the keys are
+# padded to a multiple of 8 for the softmax to run on whole vectors (13 keys as 16: 3x faster). all-MiniLM-L6-v2 on
+# STS-B's sentences in bf16: the whole forward 10% faster; from about 128 tokens the kernel wins. Training keeps the
+# fused kernel and its dropout; a GPU keeps its kernels.
+SHORT_ROWS = 64
 
 
-def rotary(x, cos, sin):
-    """ModernBERT's positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of the token at
-    position t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key product depends on their distance."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+def attention(q, k, v, mask, dropout_p: float):
+    """softmax(q k^T / sqrt(hd), where mask) v for q, k, v (B, nh, T, hd) and a bool mask broadcast to (B, nh, T, T)
+    (None: every key)."""
+    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, nh, T, hd)
+    # manual implementation: the keys padded to a multiple of 8, masked there
+    extra = -k.shape[-2] % 8
+    keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
+    k, v, keys = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra)), F.pad(keys, (0, extra), value=False)
+    # Scores and softmax in fp32, as in the flash kernel; masked by adding the lowest finite score, not -inf, so that a
+    # query that sees no key (a row of padding) stays finite; the scaling and the mask in one pass
+    lowest = torch.zeros(keys.shape, device=q.device).masked_fill_(~keys, torch.finfo(torch.float32).min)
+    scores = torch.add(lowest, q @ k.transpose(-1, -2), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T'), fp32
+    return scores.softmax(-1).to(v.dtype) @ v  # (B, nh, T, hd)
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, c: ModelConfig, i: int):
+    def __init__(self, c: ModelConfig):
         super().__init__()
         self.n_head, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=not c.modern)  # q, k, v in one matmul
-        self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
-        self.drop = nn.Dropout(c.attention_probs_dropout_prob if c.modern else c.hidden_dropout_prob)
-        # BERT normalises after the residual sum; ModernBERT before attention, except on layer 0 (its embeddings are)
-        self.ln = nn.Identity() if c.modern else norm(c)
-        self.pre = norm(c) if c.modern and i > 0 else nn.Identity()
-        # ModernBERT: every n-th layer attends to the whole text, the others to a window, with another theta
-        local = c.modern and i % c.global_attn_every_n_layers != 0
-        self.window = c.local_attention // 2 if local else None
-        self.theta = (c.local_rope_theta if local else c.global_rope_theta) if c.modern else None
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # q, k, v in one matmul
+        self.out = nn.Linear(c.hidden_size, c.hidden_size)
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, x, packing):
         """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the (B, T) layout."""
         B, T, H = packing.B, packing.T, x.shape[-1]
-        qkv = packing.unpack(self.qkv(self.pre(x)))  # (B, T, 3H), zeros at padding
+        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
         q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        if self.theta is not None:
-            turns = packing.turns(self.theta, H // self.n_head, x.device)
-            q, k = rotary(q, *turns), rotary(k, *turns)
-        y = attention(q, k, v, packing.attend(self.window, x.device),
-                      self.p if self.training else 0.0)  # (B, nh, T, hd)
+        y = attention(q, k, v, packing.key_mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
-        return add_norm(self.ln, x, self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
+        return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 
 
 class FeedForward(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.glu = c.modern  # ModernBERT's GeGLU: up makes two halves, the activation of the first gates the second
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size * (2 if self.glu else 1), bias=not c.modern)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=not c.modern)
+        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
         self.act = ACTIVATIONS[c.hidden_act]
-        self.ln, self.pre = (nn.Identity(), norm(c)) if c.modern else (norm(c), nn.Identity())  # pre-norm, as above
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, x):
-        h = self.up(self.pre(x))
-        if self.glu:
-            h, gate = h.chunk(2, dim=-1)
-            return x + self.drop(self.down(self.act(h) * gate))
-        return add_norm(self.ln, x, self.drop(self.down(self.act(h))))
+        return self.ln(x + self.drop(self.down(self.act(self.up(x)))))
 
 
 class Layer(nn.Module):
-    def __init__(self, c: ModelConfig, i: int):
+    def __init__(self, c: ModelConfig):
         super().__init__()
-        self.attn, self.ffn = SelfAttention(c, i), FeedForward(c)
+        self.attn, self.ffn = SelfAttention(c), FeedForward(c)
 
     def forward(self, x, packing):
         return self.ffn(self.attn(x, packing))
@@ -235,11 +234,11 @@ class MLMHead(nn.Module):
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)  # ModernBERT: no bias but the decoder's
         # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers' RobertaLMHead);
         # BERT's applies hidden_act
         self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
-        self.ln = norm(c)
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
 
     def forward(self, h, word_weight):
@@ -250,9 +249,10 @@ class Encoder(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
-        self.embeddings = Embeddings(c)
-        self.layers = nn.ModuleList(Layer(c, i) for i in range(c.num_hidden_layers))
-        self.final = norm(c) if c.modern else nn.Identity()  # ModernBERT normalises the last layer's states
+        # ModernBERT's embeddings and layers are its own (below); the packing, the MLM head and the pooling are shared
+        self.embeddings = ModernEmbeddings(c) if c.modern else Embeddings(c)
+        self.layers = nn.ModuleList(ModernLayer(c, i) if c.modern else Layer(c) for i in range(c.num_hidden_layers))
+        self.final = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False) if c.modern else nn.Identity()
         self.mlm = MLMHead(c)
         self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
 
@@ -263,7 +263,7 @@ class Encoder(nn.Module):
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
             x = layer(x, packing)
-        return packing.unpack(self.final(x))  # (B, T, H)
+        return packing.unpack(self.final(x))  # (B, T, H); ModernBERT's pre-norm layers leave the last one's to do
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
@@ -291,39 +291,79 @@ def mean_pool(hidden, attention_mask):
 
 
 # -----------------------------------------------------------------------------------------------
-# A training step's spans, chunk by chunk (train.py): the encoder, the pooling and the MLM head in one forward
+# ModernBERT (Warner et al., 2024): pre-norm layers without biases, rotary positions, local attention, GeGLU
 
 
-def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
-    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
-    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask, Packing(*ids.shape, positions, None if positions is None else mask))  # (g, T, H)
-    # §3.1: a span's embedding is the mean of its token states
-    emb = mean_pool(h, mask).float()  # (g, H)
-    if masked_at is None:
-        return emb, emb.new_zeros(())
-    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
-    logits = encoder.mlm_logits(h.flatten(0, 1)[masked_at])  # (K, V)
-    return emb, F.cross_entropy(logits.float(), masked_ids, reduction="sum")
+class ModernEmbeddings(nn.Module):
+    """The word embeddings alone, normalised: ModernBERT's positions are rotations inside attention."""
 
-
-class ChunkedEncoder(nn.Module):
-    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
-    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
-
-    def __init__(self, encoder, compile: bool = False):
+    def __init__(self, c: ModelConfig):
         super().__init__()
-        self.encoder = encoder
-        self.chunk_forward = compiled(chunk_forward) if compile else chunk_forward
+        self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
+        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
+        self.drop = nn.Dropout(c.embedding_dropout or 0.0)
 
-    def forward(self, chunks, unsort=None, mlm_weight=None):
-        """(S, H) embeddings, in the batch's order where `unsort` gives it, and the MLM loss: each chunk's sum times
-        mlm_weight (None: no MLM head at all)."""
-        outs = [self.chunk_forward(self.encoder, *(c if mlm_weight is not None else c._replace(masked_at=None)))
-                for c in chunks]
-        emb = torch.cat([e for e, _ in outs])
-        mlm = sum(m * mlm_weight for _, m in outs) if mlm_weight is not None else None
-        return (emb if unsort is None else emb[unsort]), mlm
+    def forward(self, ids):
+        return self.drop(self.ln(self.word(ids)))
+
+
+def rotary(x, cos, sin):
+    """Rotary positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of the token at position
+    t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key product depends on their distance."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+class ModernAttention(nn.Module):
+    def __init__(self, c: ModelConfig, i: int):
+        super().__init__()
+        self.n_head, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
+        self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.drop = nn.Dropout(c.attention_probs_dropout_prob)
+        # Every n-th layer attends to the whole text; the others within a window, their rotations of another theta
+        local = i % c.global_attn_every_n_layers != 0
+        self.window = c.local_attention // 2 if local else None
+        self.theta = c.local_rope_theta if local else c.global_rope_theta
+
+    def forward(self, x, packing):
+        """x: (N, H) normalised; returns what the layer adds to its residual stream, (N, H)."""
+        B, T, H = packing.B, packing.T, x.shape[-1]
+        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
+        q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        cos, sin = packing.turns(self.theta, H // self.n_head, x.device)  # (T, hd) each
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        y = attention(q, k, v, packing.attend(self.window, x.device), self.p if self.training else 0.0)
+        return self.drop(self.out(packing.pack(y.transpose(1, 2).reshape(B, T, H))))
+
+
+class GeGLU(nn.Module):
+    """ModernBERT's feed-forward: the up product makes two halves, the activation of the first gates the second."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.act = ACTIVATIONS[c.hidden_act]
+        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        h, gate = self.up(x).chunk(2, dim=-1)  # (N, I) each
+        return self.down(self.drop(self.act(h) * gate))
+
+
+class ModernLayer(nn.Module):
+    def __init__(self, c: ModelConfig, i: int):
+        super().__init__()
+        # Pre-norm: each block normalises its own input, but layer 0's attention, whose input, the embeddings, is
+        self.attn_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False) if i > 0 else nn.Identity()
+        self.attn = ModernAttention(c, i)
+        self.mlp_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
+        self.mlp = GeGLU(c)
+
+    def forward(self, x, packing):
+        x = x + self.attn(self.attn_norm(x), packing)
+        return x + self.mlp(self.mlp_norm(x))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -363,21 +403,17 @@ def modernbert_key_map(c: ModelConfig) -> dict[str, list[str]]:
     for i in range(c.num_hidden_layers):
         hf, me = f"model.layers.{i}.", f"layers.{i}."
         m |= {me + "attn.qkv.weight": [hf + "attn.Wqkv.weight"], me + "attn.out.weight": [hf + "attn.Wo.weight"],
-              me + "ffn.pre.weight": [hf + "mlp_norm.weight"], me + "ffn.up.weight": [hf + "mlp.Wi.weight"],
-              me + "ffn.down.weight": [hf + "mlp.Wo.weight"]}
+              me + "mlp_norm.weight": [hf + "mlp_norm.weight"], me + "mlp.up.weight": [hf + "mlp.Wi.weight"],
+              me + "mlp.down.weight": [hf + "mlp.Wo.weight"]}
         if i > 0:  # layer 0 has no attention norm
-            m[me + "attn.pre.weight"] = [hf + "attn_norm.weight"]
+            m[me + "attn_norm.weight"] = [hf + "attn_norm.weight"]
     return m
 
 
 def load_config_and_tokenizer(name: str):
     """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
     path = hub.resolve(name, weights=False) / "config.json"
-    c = ModelConfig(**configs.read_hf_config(path, [f.name for f in fields(ModelConfig)]))
-    if c.hidden_act not in ACTIVATIONS:
-        raise UserError(f"{path}: hidden_act {c.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
-    if c.hidden_size % c.num_attention_heads:
-        raise UserError(f"{path}: hidden_size {c.hidden_size} is not a multiple of {c.num_attention_heads} heads")
+    c = ModelConfig(**configs.read_hf_config(path, [f.name for f in fields(ModelConfig)], list(ACTIVATIONS)))
     return c, hub.load_tokenizer(path.parent)
 
 
@@ -386,10 +422,11 @@ def load_pretrained(name: str, quiet: bool = False):
     d = hub.resolve(name)
     config, tok = load_config_and_tokenizer(str(d))
     model, tensors = Encoder(config), hub.read_safetensors(d, config.prefix)
-    for note in hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm."):
-        model.init_weights(torch.Generator().manual_seed(0), head_only=True)  # the one note: no MLM head, a fresh one
+    head_missing = hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm.")
+    if head_missing:  # a bare encoder (all-MiniLM-L6-v2): §3.3's MLM needs a head, initialised as BERT's
+        model.init_weights(torch.Generator().manual_seed(0), head_only=True)
         if not quiet:
-            say(note, file=sys.stderr)
+            say(f"{d}: no MLM head in the checkpoint, initialised a fresh one", file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
         raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
     model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit

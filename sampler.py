@@ -60,10 +60,12 @@ def span_length(rng: np.random.Generator, alpha: float, beta: float, min_span: i
     return int(rng.beta(alpha, beta) * (max_span - min_span) + min_span)
 
 
-def sample_spans(n_tokens, num_anchors, num_positives, min_span, max_span, rng, view="all"):
+def sample_spans(rng, n_tokens, num_anchors, num_positives, min_span, max_span, view="all"):
     """One ((anchor_start, anchor_end), [(positive_start, positive_end), ...]) per anchor; half-open token positions
     in the document."""
-    if n_tokens < 2 * num_anchors * max_span or min_span > max_span:  # the original's rule, n >= 2·A·l_max
+    if min_span > max_span:
+        raise ValueError(f"min_span {min_span} is over max_span {max_span}: a span's length lies between them")
+    if n_tokens < 2 * num_anchors * max_span:  # the original's rule, n >= 2·A·l_max
         raise ValueError(f"{n_tokens} tokens: {num_anchors} anchors of up to {max_span} tokens need at least "
                          f"{2 * num_anchors * max_span} (num_anchors * max_span * 2)")
     # Each anchor lies inside its own block of l_max tokens, and no two anchors' blocks are neighbours. A positive
@@ -188,8 +190,8 @@ class SpanBatches(torch.utils.data.Dataset):
         for d in self.shard(epoch)[i * self.per_rank:(i + 1) * self.per_rank]:
             start, n = int(self.corpus.offsets[d]), int(self.corpus.lengths[d])
             max_span, toks = self.max_span_of(n), self.corpus.tokens
-            for (a0, a1), pos in sample_spans(n, cfg.num_anchors, cfg.num_positives, min(cfg.min_span, max_span),
-                                              max_span, rng, cfg.positive_view):
+            for (a0, a1), pos in sample_spans(rng, n, cfg.num_anchors, cfg.num_positives,
+                                              min(cfg.min_span, max_span), max_span, cfg.positive_view):
                 anchors.append(toks[start + a0:start + a1])
                 positives += [toks[start + p0:start + p1] for p0, p1 in pos]
                 a_doc.append(d)  # for `python sampler.py`, which names each anchor's document

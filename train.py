@@ -17,24 +17,26 @@ set-up; processes, the run folder, checkpoints and how a run starts and stops ar
     python train.py --out runs/declutr-small --resume          # continue from the newest checkpoint
 """
 import contextlib
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import evaluate_sts
 import sampler
 from loss import nt_xent
-from model import ChunkedEncoder, load_pretrained, save_pretrained, scratch_encoder
+from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
 from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
-from support.device import autocast_dtype, rng_state, set_rng_state, to_device
-from support.processes import Process, corpus_for_run, processes
+from support.device import autocast_dtype, check_compile, compiled, rng_state, set_rng_state, to_device
+from support.processes import Process, corpus_for_run, data_parallel, processes
+from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
 from support.training import Run
 
@@ -43,7 +45,7 @@ MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a t
 
 
 @dataclass
-class TrainConfig(sampler.SamplerConfig, runs.StepConfig, runs.RunConfig):  # + the spans', the step's, the run's
+class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' settings and the run's around the method
     # §3.2-3.3 and §4: the paper's hyperparameters
     temperature: float = flag(0.05, "tau of NT-Xent", low=0, high=10, strict=True)
     mlm: bool = flag(True, "--no-mlm: contrastive only (the paper's Fig. 3 ablation)")
@@ -55,11 +57,18 @@ class TrainConfig(sampler.SamplerConfig, runs.StepConfig, runs.RunConfig):  # + 
     max_grad_norm: float = flag(1.0, "gradients clipped to this norm", low=0, high=1e6, strict=True)
     steps: int = flag(0, "optimiser steps; 0: --epochs passes over the documents", low=0, high=MAX_STEPS)
     epochs: int = flag(1, "passes over the documents, when --steps is 0", low=1, high=10**6)
+    # How a step runs: the same gradient, in less time or memory
+    dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
+                      choices=("auto", "fp32", "bf16", "fp16"))
+    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded tokens", low=1)
+    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk by chunk")
+    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the MLM head")
 
     def validate(self):
         sampler.SamplerConfig.validate(self)
-        runs.StepConfig.validate(self)
         runs.RunConfig.validate(self)
+        if self.compile:
+            check_compile()
         if not (self.mlm or self.contrastive):
             raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
         if self.contrastive and self.docs_per_step * self.num_anchors < 2:
@@ -79,7 +88,7 @@ RESUMABLE = runs.RESUMABLE | {"steps", "epochs", "cache_dir"}
 
 def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING) -> dict:
     """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `model` is
-    ChunkedEncoder(encoder), under torchrun in the DDP that setup() builds."""
+    ChunkedEncoder(encoder), under torchrun inside the DDP that setup() wraps it in."""
     encoder = unwrap(model).encoder
     dev = next(encoder.parameters()).device
     # §3.3: the anchors go in MLM-corrupted: their masked tokens are predicted from the forward that embeds them
@@ -89,16 +98,19 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
     positives = batch["positives"][:n_anchors * P]
     # One list of spans, the A·N anchors first, then the P positives of each anchor in turn, cut into chunks of
     # similar length so that a 40-token positive never waits on a 500-token anchor (support/chunks.py)
-    spans = Chunks([(anchors, batch["anchor_lengths"]), (positives, batch["positive_lengths"][:n_anchors * P])],
-                   batch["mlm_labels"] if cfg.mlm else None, cfg.chunk_tokens, dev, autocast_dtype(cfg.dtype, dev),
-                   encoder.config.pad_token_id)
-    # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step
-    mlm_weight = mlm_mean_weight(spans.n_masked, world, dev)
+    chunks = Chunks(groups=[(anchors, batch["anchor_lengths"]), (positives, batch["positive_lengths"][:n_anchors * P])],
+                    mlm_labels=batch["mlm_labels"] if cfg.mlm else None, budget=cfg.chunk_tokens, device=dev,
+                    dtype=autocast_dtype(cfg.dtype, dev), pad_id=encoder.config.pad_token_id)
+    # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step. Under torchrun a
+    # step has two all-reduces besides DDP's gradients and the gather's (loss.py): this count, and the MLM loss the
+    # log reports (metrics.step_losses)
+    mlm_weight = mlm_mean_weight(chunks.n_masked, world, dev)
     if cfg.grad_cache:
-        return grad_cache_step(model, spans, n_anchors, P, mlm_weight, cfg.temperature, cfg.mlm, world, scaler)
-    # §3.1: every span's mean-pooled embedding, in the batch's order; §3.3: the anchors' MLM loss, the same forward
-    with spans.compute:
-        emb, mlm = model(spans.chunks, spans.unsort, mlm_weight)  # (S, H), a scalar
+        return grad_cache_step(model, chunks, n_anchors, P, mlm_weight, cfg.temperature, cfg.mlm, world, scaler)
+    # §3.1: every span's mean-pooled embedding, in the batch's order; §3.3: the anchors' MLM loss, the same forward.
+    # With --no-mlm the MLM head takes no part in it, which DDP is told (find_unused_parameters, setup())
+    with chunks.compute:
+        emb, mlm = model(chunks.inputs, chunks.unsort, mlm_weight)  # (S, H), a scalar
     # §3.2: NT-Xent between each anchor and the mean of its P positives, every other span a negative
     contrastive = contrastive_loss(emb, n_anchors, P, cfg.temperature)
     # One objective, one backward. Under torchrun DDP averages the ranks' gradients, and that average is exactly the
@@ -106,7 +118,43 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
     # rank's embeddings, and the gather's backward sums each embedding's gradient over the ranks (loss.py); the MLM
     # term is weighted by world over all ranks' masked tokens (mlm_mean_weight)
     scaler.scale(contrastive + mlm).backward()
-    return metrics.step_losses(contrastive, mlm, int(spans.lengths.sum()), world, cfg.mlm)
+    return metrics.step_losses(contrastive, mlm, int(chunks.lengths.sum()), world, cfg.mlm)
+
+
+# -----------------------------------------------------------------------------------------------
+# The step's forward, chunk by chunk: the encoder, the pooling (§3.1) and the MLM head (§3.3) in one pass
+
+
+def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
+    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
+    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
+    h = encoder(ids, mask, Packing(*ids.shape, positions, None if positions is None else mask))  # (g, T, H)
+    # §3.1: a span's embedding is the mean of its token states
+    emb = mean_pool(h, mask).float()  # (g, H)
+    if masked_at is None:
+        return emb, emb.new_zeros(())
+    # §3.3: the MLM head on the K masked tokens only, from the same forward pass
+    logits = encoder.mlm_logits(h.flatten(0, 1)[masked_at])  # (K, V)
+    return emb, F.cross_entropy(logits.float(), masked_ids, reduction="sum")
+
+
+class ChunkedEncoder(nn.Module):
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
+    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+
+    def __init__(self, encoder, compile: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.chunk_forward = compiled(chunk_forward) if compile else chunk_forward
+
+    def forward(self, chunks, unsort=None, mlm_weight=None):
+        """(S, H) embeddings, in the batch's order where `unsort` gives it, and the MLM loss: each chunk's sum times
+        mlm_weight (None: no MLM head at all)."""
+        outs = [self.chunk_forward(self.encoder, *(c if mlm_weight is not None else c._replace(masked_at=None)))
+                for c in chunks]
+        emb = torch.cat([e for e, _ in outs])
+        mlm = sum(m * mlm_weight for _, m in outs) if mlm_weight is not None else None
+        return (emb if unsort is None else emb[unsort]), mlm
 
 
 def contrastive_loss(emb, n_anchors: int, P: int, temperature: float):
@@ -114,7 +162,7 @@ def contrastive_loss(emb, n_anchors: int, P: int, temperature: float):
     if P == 0:
         return emb.new_zeros(())
     anchors, positives = emb[:n_anchors], emb[n_anchors:]
-    return nt_xent(anchors, positives.view(n_anchors, P, -1), temperature)  # (M, d), (M, P, d)
+    return nt_xent(anchors, positives.view(n_anchors, P, -1), temperature)  # (n, d), (n, P, d)
 
 
 def mlm_mean_weight(n_masked: int, world: int, device) -> torch.Tensor:
@@ -130,34 +178,34 @@ def unwrap(model) -> ChunkedEncoder:  # the ChunkedEncoder itself, also from ins
     return model.module if isinstance(model, DDP) else model
 
 
-def grad_cache_step(model, spans: Chunks, n_anchors: int, P: int, mlm_weight, temperature: float, with_mlm: bool,
+def grad_cache_step(model, chunks: Chunks, n_anchors: int, P: int, mlm_weight, temperature: float, with_mlm: bool,
                     world: int = 1, scaler=NO_SCALING) -> dict:
     """GradCache (Gao et al., 2021): train_step for a batch larger than memory, with the same gradient."""
     # 1. Every chunk's embeddings without a graph (round DDP, whose hooks belong to a backward), and the random state
     # its dropout starts from
     states, embs = [], []
-    with torch.no_grad(), spans.compute:
-        for chunk in spans.chunks:
-            states.append(rng_state(spans.device))
+    with torch.no_grad(), chunks.compute:
+        for chunk in chunks.inputs:
+            states.append(rng_state(chunks.device))
             embs.append(unwrap(model)([chunk])[0])
     # 2. The contrastive loss of the whole batch, and its gradient with respect to every embedding; chunk k's rows
-    emb = torch.cat(embs)[spans.unsort].requires_grad_()
+    emb = torch.cat(embs)[chunks.unsort].requires_grad_()
     contrastive = contrastive_loss(emb, n_anchors, P, temperature)
     grad = torch.autograd.grad(contrastive, emb)[0] if P else torch.zeros_like(emb)
-    grads = grad[spans.sort].split([len(rows) for rows in spans.rows])
+    grads = grad[chunks.sort].split([len(rows) for rows in chunks.rows])
     # 3. Each chunk again, with a graph and the same dropout, backpropagating its rows of that gradient (and its MLM):
     # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
     # only, where every parameter must take part: a chunk with anchors (which use the MLM head) goes last.
-    backward_order = sorted(range(len(spans.chunks)), key=lambda k: bool((spans.rows[k] < n_anchors).any()))
-    mlm = torch.zeros((), device=spans.device)
+    backward_order = sorted(range(len(chunks.inputs)), key=lambda k: bool((chunks.rows[k] < n_anchors).any()))
+    mlm = torch.zeros((), device=chunks.device)
     for i, k in enumerate(backward_order):
-        set_rng_state(states[k], spans.device)
+        set_rng_state(states[k], chunks.device)
         with accumulate_locally(model, i < len(backward_order) - 1):
-            with spans.compute:
-                e, m = model([spans.chunks[k]], None, mlm_weight)
+            with chunks.compute:
+                e, m = model([chunks.inputs[k]], None, mlm_weight)
             scaler.scale((e * grads[k]).sum() + m).backward()
         mlm = mlm + m.detach()
-    return metrics.step_losses(contrastive, mlm, int(spans.lengths.sum()), world, with_mlm)
+    return metrics.step_losses(contrastive, mlm, int(chunks.lengths.sum()), world, with_mlm)
 
 
 def accumulate_locally(model, local: bool):
@@ -220,9 +268,10 @@ def train(run: Run):
 @cli
 def main(argv=None):
     cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    with stopping.lifetime() as life, cpu_threads(cfg.threads):  # Ctrl-C and SIGTERM: one line; threads as they were
-        life.run = run = setup(cfg, given_fields(TrainConfig, argv), processes())
-        run.stop = life.stop
+    # Ctrl-C and SIGTERM end the run with one line; SIGTERM in training first finishes and checkpoints the step under
+    # way (support/stopping.py owns the handler and hands it to the run it watches); threads as they were afterwards
+    with stopping.lifetime() as life, cpu_threads(cfg.threads):
+        run = life.watch(setup(cfg, given_fields(TrainConfig, argv), processes()))
         train(run)
         run.finish()
 
@@ -238,10 +287,14 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     only --ddp-timeout seconds."""
     cfg, out, resume_from = runs.run_folder(cfg, given, proc, lambda path: load_pretrained(str(path), quiet=True),
                                             RESUMABLE)
-    pairs = evaluate_sts.load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
+    pairs = load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
     # The model: the checkpoint's, a pretrained one, or a random-init shape whose BPE rank 0 trains on the documents
-    encoder, tok = (resume_from.model if resume_from else demo.scratch_model(cfg, proc, scratch_encoder)
-                    if demo.scratch_name(cfg.model) else load_pretrained(cfg.model))
+    if resume_from:
+        encoder, tok = resume_from.model
+    elif demo.scratch_name(cfg.model):
+        encoder, tok = demo.scratch_model(cfg, proc, scratch_encoder)
+    else:
+        encoder, tok = load_pretrained(cfg.model)
     encoder.to(proc.device).train()
     batches = sampler.SpanBatches(corpus_for_run(cfg, tok, proc), tok, cfg, encoder.config.max_tokens,
                                   proc.rank, proc.world)
@@ -249,9 +302,14 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     scaler = torch.amp.GradScaler(proc.device.type, enabled=autocast_dtype(cfg.dtype, proc.device) == torch.float16)
     run = Run(cfg, out, ChunkedEncoder(encoder, compile=cfg.compile), encoder, tok, opt, scaler, batches,
               cfg.steps or cfg.epochs * batches.steps_per_epoch, save_pretrained, proc)
-    evaluate = pairs and functools.partial(evaluate_sts.spearman_of, encoder, tok, pairs,  # as embed.py would embed
-                                           dtype=autocast_dtype("auto", proc.device, cpu_bf16=True))
-    run.begin(resume_from, evaluate, lambda s, t: lr_at(s, t, cfg.lr, cfg.warmup_frac, cfg.lr_ratio), MAX_STEPS)
+
+    def evaluate():  # STS-B dev, of the embeddings embed.py would write (in its precision: bf16 on a CPU with AMX)
+        return evaluate_sts.spearman_of(encoder, tok, pairs, dtype=autocast_dtype("auto", proc.device, cpu_bf16=True))
+
+    run.begin(resume_from, evaluate if pairs else None, lambda s, t: lr_at(s, t, cfg.lr, cfg.warmup_frac, cfg.lr_ratio),
+              MAX_STEPS)  # the process group is up from here
+    if proc.world > 1:  # every rank's gradients averaged in buckets during backward; --no-mlm leaves the MLM head out
+        run.model = data_parallel(run.model, proc.device, find_unused=not cfg.mlm)
     return run
 
 

@@ -44,6 +44,7 @@ import model as M  # noqa: E402
 from support import corpus, demo, sts_files  # noqa: E402
 from support.cli import bench  # noqa: E402
 from support.files import write_atomic  # noqa: E402
+from support.sts_files import load_stsb_dev  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from "both" (the paper's DeCLUTR: both objectives, every view,
 # A = P = 2), and the figure whose table it belongs to.
@@ -439,7 +440,7 @@ def main():
         documents = stage2_documents(a, out, books[1::2])
     else:
         inits = initial_models(a, out)
-    pairs = E.load_stsb_dev(a.stsb)
+    pairs = load_stsb_dev(a.stsb)
     starts = {str(m): M.load_pretrained(str(m), quiet=True) for m in inits.values()}  # one, with stage 1
     scores = {m: E.spearman_of(*model_tok, pairs) for m, model_tok in starts.items()}
     start = {"stsb": [scores[str(inits[s])] for s in a.seeds]}

@@ -51,14 +51,14 @@ def one_case(width: int, layers: int, backend: str) -> dict:
     for compiled in (False, True):
         enc = model.Encoder(c)
         enc.init_weights(torch.Generator().manual_seed(0))
-        chunks = model.ChunkedEncoder(enc.train(), compile=compiled)
+        chunks = train.ChunkedEncoder(enc.train(), compile=compiled)
         t = time.perf_counter()
         train.train_step(chunks, batch, cfg)
         times["train", compiled] = time.perf_counter() - t
         spans = step_chunks(batch, enc, cfg)
         t = time.perf_counter()
         with torch.no_grad():
-            chunks.chunk_forward(enc, *spans.chunks[0]._replace(masked_at=None))
+            chunks.chunk_forward(enc, *spans.inputs[0]._replace(masked_at=None))
         times["no_grad", compiled] = time.perf_counter() - t
     return {"train_graph_s": times["train", True] - times["train", False],
             "no_grad_graph_s": times["no_grad", True] - times["no_grad", False],

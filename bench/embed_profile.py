@@ -28,18 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
-from support import device as D  # noqa: E402
-from support import kernels  # noqa: E402
+from support import cpu_layers  # noqa: E402
 from support.cli import UserError, bench  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
 from support.threads import default_threads  # noqa: E402
 
 t_imports = time.perf_counter() - t_start
-# The dense layers are oneDNN's packed products (support.device.PackedLinear), addmm where they are not; attention is
-# the fused kernel, or for short rows on a CPU (support.device.attention) the project's own (support/kernels.cpp, which
-# also makes the residual sum and LayerNorm one pass; op_kinds names its calls, which the profiler cannot see into) or
-# batched matmuls around a masked softmax; laying a weight out for oneDNN is a copy. The first kind whose words are in
-# an op's name is its kind.
+# The dense layers are oneDNN's packed products (support.cpu_layers.PackedLinear), addmm where they are not; attention
+# is the fused kernel, or for short rows on a CPU (model.attention) batched matmuls around a masked softmax; laying a
+# weight out for oneDNN is a copy. The first kind whose words are in an op's name is its kind.
 KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
          "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
@@ -55,7 +52,7 @@ def dense_flops(c) -> int:
 def peak(c, dtype, threads: int, rounds: int = 15) -> tuple[float, float]:
     """GFLOP/s of the model's products at 2,048 rows, the mix a token meets, and the better of torch's two CPU kernels
     for them: `a @ b` (MKL in fp32, oneDNN in bf16) and oneDNN's with the weight laid out ahead, as embed.py runs them
-    (support.device.PackedLinear): on a Zen 4, fp32 200-205 GFLOP/s against MKL's 148-168, bf16 401-421 against
+    (support.cpu_layers.PackedLinear): on a Zen 4, fp32 200-205 GFLOP/s against MKL's 148-168, bf16 401-421 against
     385-390; a peak without them would flatter every share. The best of `rounds`, and their median: on a shared AMX
     Xeon the same products ran at 730-930 GFLOP/s most seconds and 2,100-2,450 in others (docs/measurements.md)."""
     h, i = c.hidden_size, c.intermediate_size
@@ -86,53 +83,38 @@ def products_free(tokenized, model, tok, dtype) -> float | None:
     """Seconds of the forward with every dense product free: each PackedLinear returns rows of what it returned the
     first time for its output width (a view, made once), so the rest runs on numbers of the sizes it meets. None
     where the layers do not run as PackedLinear (a torch without oneDNN)."""
-    real, made = D.PackedLinear.forward, {}
+    real, made = cpu_layers.PackedLinear.forward, {}
 
     def free(self, x):
         width, n = self.weight.size(0), max(4096, x.shape[0])
         if width not in made or len(made[width]) < x.shape[0]:
             made[width] = real(self, torch.cat([x] * -(-n // x.shape[0]))[:n])  # (n, width)
-        if self.own_gelu:  # GELU as a pass of its own is not a product: it runs (its numbers are then GELU's again)
-            kernels.gelu_(made[width][:x.shape[0]])
         return made[width][:x.shape[0]]
 
-    D.PackedLinear.forward = free
+    cpu_layers.PackedLinear.forward = free
     try:
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # every shape's kernels made first
         t = time.perf_counter()
         E.embed_tokenized(tokenized, model, tok, dtype=dtype)
         return time.perf_counter() - t if made else None
     finally:
-        D.PackedLinear.forward = real
+        cpu_layers.PackedLinear.forward = real
 
 
 def op_kinds(model, tok, texts, dtype) -> dict:
     """torch.profiler's CPU time by op kind, over one block of texts, on every thread (embed.py runs batches on
     several)."""
     from torch._C._profiler import _ExperimentalConfig
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    def named(call, name):
-        def profiled(*args):
-            with record_function(f"kernels::{name}"):
-                return call(*args)
-        return profiled
+    from torch.profiler import ProfilerActivity, profile
 
     tokenized = E.tokenize(texts, tok, E.max_tokens(model))
     E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # oneDNN's kernels made before the profile
     every_thread = _ExperimentalConfig(profile_all_threads=True)
-    real = {name: getattr(kernels, name) for name in ("attention_rows", "add_layer_norm", "gelu_")}
-    try:  # the project's own kernels named where the profiler sees them
-        for name, call in real.items():
-            setattr(kernels, name, named(call, name))
-        with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
-            E.embed_tokenized(tokenized, model, tok, dtype=dtype)
-    finally:
-        for name, call in real.items():
-            setattr(kernels, name, call)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
+        E.embed_tokenized(tokenized, model, tok, dtype=dtype)
     kinds, total = defaultdict(float), 0.0
     for ev in prof.key_averages():
-        if not ev.key.startswith(("aten::", "mkldnn::", "kernels::")):
+        if not ev.key.startswith(("aten::", "mkldnn::")):
             continue
         total += ev.self_cpu_time_total
         name = ev.key.split("::", 1)[1]
@@ -161,8 +143,9 @@ def main():
     wall = {"imports (torch, numpy, the project)": t_imports}
     t = time.perf_counter()
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
-    wall["model load"] = time.perf_counter() - t
     device, dtype = device_and_dtype("cpu", a.dtype)
+    model = cpu_layers.swap_in(model, dtype)  # as embed.py does
+    wall["model load"] = time.perf_counter() - t
     t = time.perf_counter()
     rows = stsb.read_text(encoding="utf-8").splitlines()
     texts = ([s for r in rows for s in r.split("\t")[5:7]] * 4)[:a.lines]

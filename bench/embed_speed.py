@@ -9,13 +9,15 @@ busy process against alone. Names the processor it ran on.
     python bench/embed_speed.py --backends-python ~/venvs/backends/bin/python    # every arm, about 45 min on 2 cores
     python bench/embed_speed.py --lines 11498 --repeats 1                         # quicker
     python bench/embed_speed.py --memory 1000000    # peak memory of embed.py over 100,000 and 1,000,000 lines
+    python bench/embed_speed.py --lines 1000000 --repeats 2 --arms "embed.py, default" "embed.py --compile"
 
 Arms: embed.py by default (--dtype auto: bf16 on a CPU with AMX or AVX512-BF16, else fp32; --threads: the cores free
-at its start), in fp32, and in bf16 where the CPU multiplies it; sentence-transformers' encode with its defaults
-(batch 32, fp32), with bf16 weights, and, with --backends-python (a virtual environment made from
-bench/requirements-backends.txt), its ONNX backend in fp32 and its int8 model dynamically quantised for this
-processor's instruction set, and OpenVINO where it installs. The lines: STS-B train's sentences, both of each pair,
-four times over (45,992 lines, as a file of duplicates would be).
+at its start), in fp32, in bf16 where the CPU multiplies it, and (named in --arms) with --compile;
+sentence-transformers' encode with its defaults (batch 32, fp32), with bf16 weights, and, with --backends-python (a
+virtual environment made from bench/requirements-backends.txt), its ONNX backend in fp32 and its int8 model
+dynamically quantised for this processor's instruction set, and OpenVINO where it installs (--arms: those named
+alone). The lines: STS-B train's sentences, both of each pair, over and over (four times: 45,992 lines, as a file of
+duplicates would be).
 """
 import argparse
 import json
@@ -33,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from evaluate_sts import spearman  # noqa: E402
-from support.cli import bench  # noqa: E402
+from support.cli import UserError, bench  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
 
 
@@ -80,6 +82,7 @@ def arms(a, model: Path, exported: Path | None, has_bf16: bool) -> dict[str, cal
            "embed.py --dtype fp32": lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "fp32"]}
     if has_bf16:
         out["embed.py --dtype bf16"] = lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "bf16"]
+    out["embed.py --compile"] = lambda i, o: [*ours, i, "--output", o, "--overwrite", "--compile"]
     out["sentence-transformers, default (fp32)"] = lambda i, o: [a.st_python, st, "encode", model, i, o]
     out["sentence-transformers, bf16"] = lambda i, o: [a.st_python, st, "encode", model, i, o, "--bf16"]
     if exported:
@@ -101,8 +104,8 @@ def side_by_side(a, d: Path):
     rows = (shared / "data/sts/stsbenchmark/sts-train.csv").read_text(encoding="utf-8").splitlines()
     train = [s for r in rows for s in r.split("\t")[5:7]]
     lines = d / "lines.txt"
-    lines.write_text("\n".join((train * 4)[:a.lines]) + "\n", encoding="utf-8")
-    n = min(a.lines, 4 * len(train))
+    lines.write_text("\n".join((train * -(-a.lines // len(train)))[:a.lines]) + "\n", encoding="utf-8")
+    n = a.lines
     s1, s2, gold = read_stsb(shared / "data/sts/stsbenchmark/sts-dev.csv")
     dev = d / "dev.txt"
     dev.write_text("\n".join(s1 + s2) + "\n", encoding="utf-8")
@@ -111,29 +114,28 @@ def side_by_side(a, d: Path):
         exported = d / "exported"
         shutil.copytree(model, exported)
         subprocess.run([a.backends_python, str(ROOT / "bench" / "st_encode.py"), "prepare", str(exported)], check=True)
-    runs = arms(a, model, exported, has_bf16)
+    every = arms(a, model, exported, has_bf16)
+    runs = {k: v for k, v in every.items() if k in a.arms or not a.arms and k != "embed.py --compile"}
+    if not runs:
+        raise UserError(f"--arms {' '.join(a.arms)}: none of this processor's arms ({', '.join(every)})")
     work, best, typical = work_and_peak(model, lines, has_bf16)
-    print(f"{processor()}; torch {torch.__version__}; {n:,} lines (STS-B train x 4); whole process each, "
+    print(f"{processor()}; torch {torch.__version__}; {n:,} lines (STS-B train's sentences); whole process each, "
           f"median of {a.repeats} alternating runs; the model's products here: {best:,.0f} GFLOP/s at best, "
           f"{typical:,.0f} the median of their rounds\n", flush=True)
-    seconds, peak = {k: [] for k in runs}, {}
+    seconds, peak, rows = {k: [] for k in runs}, {}, {k: d / f"arm{i}.npy" for i, k in enumerate(runs)}
     for _ in range(a.repeats):
         for name, cmd in runs.items():
-            s, mb = measured(cmd(lines, d / f"{len(peak)}.npy"))
+            s, mb = measured(cmd(lines, rows[name]))
             seconds[name].append(s)
             peak[name] = max(peak.get(name, 0), mb)
             print(f"  {name}: {n / s:,.0f} sentences/s", flush=True)
-            peak.setdefault(name, mb)
     # Quality: the last run's rows against sentence-transformers' fp32 rows, and the STS-B dev score
-    reference = runs["sentence-transformers, default (fp32)"]
-    subprocess.run(reference(lines, d / "ref.npy"), check=True, capture_output=True)
-    ref = np.load(d / "ref.npy")
+    st = "sentence-transformers, default (fp32)"
+    ref = np.load(rows[st]) if st in runs else None
     table = []
-    st_rate = n / statistics.median(seconds["sentence-transformers, default (fp32)"])
     for name, cmd in runs.items():
-        subprocess.run(cmd(lines, d / "rows.npy"), check=True, capture_output=True)
-        e = np.load(d / "rows.npy")
-        cos = (e * ref).sum(1) / np.linalg.norm(e, axis=1) / np.linalg.norm(ref, axis=1)
+        e = np.load(rows[name])
+        cos = None if ref is None else (e * ref).sum(1) / np.linalg.norm(e, axis=1) / np.linalg.norm(ref, axis=1)
         subprocess.run(cmd(dev, d / "dev.npy"), check=True, capture_output=True)
         v = np.load(d / "dev.npy")
         pairs = (v[:len(s1)] * v[len(s1):]).sum(1) / np.linalg.norm(v[:len(s1)], axis=1) / np.linalg.norm(
@@ -142,15 +144,18 @@ def side_by_side(a, d: Path):
         spread = f"{n / max(seconds[name]):,.0f}–{n / min(seconds[name]):,.0f}"
         share = work / statistics.median(seconds[name]) / 1e9 / best  # of the best: on a host whose products run at
         # two speeds (a shared AMX Xeon, docs/measurements.md) the share of their median says what the run met
-        table.append(dict(arm=name, sentences_per_s=round(rate), range=spread, ratio=round(rate / st_rate, 2),
+        table.append(dict(arm=name, sentences_per_s=round(rate), range=spread, seconds=statistics.median(seconds[name]),
+                          ratio=None if ref is None else round(rate / (n / statistics.median(seconds[st])), 2),
                           of_peak=round(share, 3), of_median_peak=round(share * best / typical, 3),
-                          lowest_cosine=float(cos.min()), stsb_dev=round(100 * spearman(pairs, gold), 2),
-                          peak_mb=round(peak[name])))
-    print("\n| arm | sentences/s (range) | × sentence-transformers' default | of the matmul peak, best (median) | "
-          "lowest cosine to its fp32 rows | STS-B dev | peak MB |\n|---|---|---|---|---|---|---|")
+                          lowest_cosine=None if cos is None else float(cos.min()),
+                          stsb_dev=round(100 * spearman(pairs, gold), 2), peak_mb=round(peak[name])))
+    print("\n| arm | seconds | sentences/s (range) | × sentence-transformers' default | of the matmul peak, best "
+          "(median) | lowest cosine to its fp32 rows | STS-B dev | peak MB |\n|---|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['arm']} | {r['sentences_per_s']:,} ({r['range']}) | {r['ratio']:.2f} | "
-              f"{100 * r['of_peak']:.0f}% ({100 * r['of_median_peak']:.0f}%) | {r['lowest_cosine']:.6f} | "
+        print(f"| {r['arm']} | {r['seconds']:.1f} | {r['sentences_per_s']:,} ({r['range']}) | "
+              f"{'–' if r['ratio'] is None else format(r['ratio'], '.2f')} | "
+              f"{100 * r['of_peak']:.0f}% ({100 * r['of_median_peak']:.0f}%) | "
+              f"{'–' if r['lowest_cosine'] is None else format(r['lowest_cosine'], '.6f')} | "
               f"{r['stsb_dev']:.2f} | {r['peak_mb']:,} |")
     return n, lines, runs, table
 
@@ -227,13 +232,15 @@ def main():
     ap.add_argument("--backends-python", default="", help="Python of bench/requirements-backends.txt (ONNX, OpenVINO)")
     ap.add_argument("--json", default="", help="also write the tables here")
     ap.add_argument("--memory", type=int, default=0, help="instead: peak memory over 100,000 and this many lines")
+    ap.add_argument("--arms", nargs="+", default=[], help="only these arms, by name (default: every one; without "
+                    "sentence-transformers' default, no ratio to it and no cosine to its rows)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         if a.memory:
             return memory(a, d)
         n, lines, runs, table = side_by_side(a, d)
-        busy = beside_busy(a, n, lines, runs, d)
+        busy = beside_busy(a, n, lines, runs, d) if "embed.py, default" in runs and not a.arms else []
     if a.json:
         Path(a.json).write_text(json.dumps({"processor": processor(), "arms": table, "busy": busy}, indent=2) + "\n")
 

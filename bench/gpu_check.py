@@ -72,6 +72,7 @@ import train  # noqa: E402
 from support import chunks, corpus, demo, processes  # noqa: E402
 from support.device import compiled_graphs, compute, device_and_dtype  # noqa: E402
 from support.hub import train_tokenizer  # noqa: E402
+from support.sts_files import load_stsb_dev  # noqa: E402
 
 SHARED = Path(os.environ.get("DECLUTR_SHARED", ROOT.parent / "shared"))
 # Dense bf16 tensor-core peaks from the vendors' datasheets (half the "with sparsity" figure), by the exact name torch
@@ -208,7 +209,7 @@ def step(check: Check, enc, batch, timer: "Timer | None" = None, **overrides) ->
     """train_step on one batch (timed by `timer` alone: the gradients are copied to the host after it)."""
     enc.zero_grad(set_to_none=True)
     cfg = check.config(**overrides)
-    chunked = model.ChunkedEncoder(enc, compile=cfg.compile)
+    chunked = train.ChunkedEncoder(enc, compile=cfg.compile)
     with timer() if timer else contextlib.nullcontext():
         stats = train.train_step(chunked, batch, cfg)
     return {"loss": float(stats["contrastive"] + stats["mlm"]), "grads": grads(enc)}
@@ -352,7 +353,7 @@ def ddp(check: Check):
                 ref = step(check, enc, batch, grad_cache=grad_cache_on, **same)
                 enc.zero_grad(set_to_none=True)
                 cfg = check.config(grad_cache=grad_cache_on, **same)
-                chunks = processes.data_parallel(model.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
+                chunks = processes.data_parallel(train.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
                 train.train_step(chunks, batch, cfg, world=1)
                 check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                      worst_relative(grads(enc), ref["grads"])})
@@ -471,9 +472,9 @@ def attention_kernel(check: Check):
     if check.dev.type == "cuda":
         activity.append(torch.profiler.ProfilerActivity.CUDA)
     enc, batch, cfg = check.encoder(dropout=True), check.batches[0], check.config(dtype="auto")
-    train.train_step(model.ChunkedEncoder(enc), batch, cfg)  # a first step: what it sets up once is not profiled
+    train.train_step(train.ChunkedEncoder(enc), batch, cfg)  # a first step: what it sets up once is not profiled
     with torch.profiler.profile(activities=activity) as prof:
-        train.train_step(model.ChunkedEncoder(enc), batch, cfg)
+        train.train_step(train.ChunkedEncoder(enc), batch, cfg)
         check.sync()
     training = attention_ops(prof)
     _, dtype = device_and_dtype(str(check.dev), "auto")
@@ -507,7 +508,7 @@ def scored_model(check: Check):
         safetensors.torch.save_file({k: (v.float() if v.is_floating_point() else v).contiguous()
                                      for k, v in tensors.items()},
                                     folder / "model.safetensors")
-        pairs, what = evaluate_sts.load_stsb_dev(stsb), "all-MiniLM-L6-v2 on STS-B dev"
+        pairs, what = load_stsb_dev(stsb), "all-MiniLM-L6-v2 on STS-B dev"
     else:
         model.save_pretrained(check.encoder().cpu(), check.tok, folder)
         sents = [s for s in " ".join(corpus.document_texts([check.docs], max_chars=1 << 20)).split(". ") if s][:3000]
@@ -595,7 +596,7 @@ def attention_path(path: str):
 def run_steps(enc, batches, cfg, timer: Timer, optimizer=None) -> list:
     """train_step on each batch (and AdamW's step, if given), each timed by `timer`; nothing copied to the host inside.
     Returns the losses, on the device."""
-    chunked, losses = model.ChunkedEncoder(enc), []
+    chunked, losses = train.ChunkedEncoder(enc), []
     for batch in batches:
         with timer():
             stats = train.train_step(chunked, batch, cfg)

@@ -92,9 +92,9 @@ def activations(encoder, batch, cfg, grad_cache: bool) -> tuple[int, int]:
         chunks.length_groups = groups
     heads = encoder.config.num_attention_heads
     per_chunk = []
-    for chunk in spans.chunks:
+    for chunk in spans.inputs:
         with SavedBytes(chunk.ids.shape[1], heads) as saved, torch.autocast("cpu", dtype=torch.bfloat16):
-            model.chunk_forward(encoder, *chunk)
+            train.chunk_forward(encoder, *chunk)
         per_chunk.append((sum(saved.storages.values()), saved.largest))
     if grad_cache:
         return max(b for b, _ in per_chunk), max(b for _, b in per_chunk)

@@ -137,7 +137,7 @@ def train_once(max_span: int, docs: int, steps: int, grad_cache: bool) -> dict:
     for step in range(steps + 1):  # the first is warm-up
         batch = span_batch(docs, vocab=16000, seed=step, max_span=max_span)  # the paper's laws, l_min 32
         t = time.perf_counter()
-        stats = T.train_step(M.ChunkedEncoder(enc), batch, cfg)
+        stats = T.train_step(T.ChunkedEncoder(enc), batch, cfg)
         T.optimizer_step(opt, T.NO_SCALING, enc, cfg.max_grad_norm)
         if step:
             times.append(time.perf_counter() - t)

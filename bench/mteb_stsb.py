@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate_sts  # noqa: E402
 import model  # noqa: E402
 from support.cli import bench, optional  # noqa: E402
+from support.sts_files import load_stsb_dev  # noqa: E402
 
 
 def mteb_scores(folder: str, stsb_dev: Path) -> dict:
@@ -38,7 +39,7 @@ def main():
     a = ap.parse_args()
     for module in ("mteb", "datasets", "sentence_transformers"):  # not requirements of this project
         optional(module, module.replace("_", "-"))
-    pairs = evaluate_sts.load_stsb_dev(a.stsb)
+    pairs = load_stsb_dev(a.stsb)
     print(f"{'model':40s}  {'MTEB Spearman':>13s}  {'ours':>6s}  {'MTEB Pearson':>12s}")
     for folder in a.models:
         theirs = mteb_scores(folder, Path(a.stsb) / "sts-dev.csv")

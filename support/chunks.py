@@ -24,7 +24,7 @@ class Chunk(NamedTuple):
 
 class Chunks:
     """Spans given in groups ([(ids (n, t), lengths (n,)), ...], one list in that order), cut into chunks of similar
-    length within a token budget: `chunks[k]` is chunk k's inputs on the device, `rows[k]` the spans it holds;
+    length within a token budget: `inputs[k]` is chunk k's inputs on the device, `rows[k]` the spans it holds;
     `sort` takes the spans' order to the chunks', `unsort` back. `mlm_labels` (m, t): what the first m spans'
     masked tokens were (-100 elsewhere), or None. Each chunk's inputs are worked out on the host from the lengths and
     copied to the device from page-locked memory without waiting (to_device): nothing here makes the host wait for
@@ -42,7 +42,7 @@ class Chunks:
         T = self.width(max(ids.shape[1] for ids, _ in groups))
         ids = torch.cat([F.pad(ids, (0, T - ids.shape[1]), value=pad_id) for ids, _ in groups]).numpy()  # (S, T)
         labels = None if mlm_labels is None else mlm_labels.numpy()
-        self.chunks = [self._chunk(rows, ids, labels) for rows in self.rows]
+        self.inputs = [self._chunk(rows, ids, labels) for rows in self.rows]
         sort = np.concatenate(self.rows)
         self.sort, self.unsort = to_device(sort, device), to_device(np.argsort(sort), device)
         self.n_masked = 0 if labels is None else int((labels != -100).sum())

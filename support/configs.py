@@ -26,8 +26,20 @@ MODERNBERT_DEFAULTS = dict(pad_token_id=50283, bos_token_id=50281, eos_token_id=
                            global_attn_every_n_layers=3, global_rope_theta=160_000.0, local_rope_theta=10_000.0)
 
 
-def read_hf_config(path: Path, names: list[str]) -> dict:
-    """The fields `names` of a Hugging Face config.json, with BERT's defaults where a BERT config leaves them out."""
+def read_hf_config(path: Path, names: list[str], activations: list[str]) -> dict:
+    """The fields `names` of a Hugging Face config.json, with BERT's defaults where a BERT config leaves them out;
+    one line for a shape model.py does not build (an activation not among `activations`, heads that do not divide
+    the hidden size)."""
+    fields = _read_hf_config(path, names)
+    if fields.get("hidden_act", "gelu") not in activations:
+        raise UserError(f"{path}: hidden_act {fields['hidden_act']!r} is not supported ({', '.join(activations)})")
+    if fields["hidden_size"] % fields["num_attention_heads"]:
+        raise UserError(f"{path}: hidden_size {fields['hidden_size']} is not a multiple of "
+                        f"{fields['num_attention_heads']} heads")
+    return fields
+
+
+def _read_hf_config(path: Path, names: list[str]) -> dict:
     if not path.exists():
         raise UserError(f"{path.parent}: no config.json")
     d = read_json(path)

@@ -1,21 +1,18 @@
 """
 support/device.py: where the numbers are computed, and in what. Token rows padded into a batch and copied to the
 device without waiting, the next item prepared while this one runs, the device and precision that --device and
---dtype mean, attention and oneDNN's linear layers on a CPU, the random state a GradCache replay restores, and
-what torch.compile built (torch's CPU threads: support/threads.py).
+--dtype mean, the attention kernels a forward may use, the random state a GradCache replay restores, and what
+torch.compile built (torch's CPU threads: support/threads.py; oneDNN's layers on a CPU: support/cpu_layers.py).
 """
 import concurrent.futures
 import contextlib
-import functools
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from support import kernels
 from support.cli import UserError, flag, say
 from support.threads import usable_cpus
 
@@ -72,6 +69,8 @@ class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embe
     device: str = flag("auto", "auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...")
     threads: int = flag(0, "torch CPU threads; 0: the cores free when it starts (as train.py's)", low=0,
                         high=usable_cpus(), why="the CPUs this process may use")
+    onednn: bool = flag(True, "on a CPU, the layers' linear products as oneDNN's, weights laid out once and GELU "
+                              "inside (support/cpu_layers.py); --no-onednn: model.py's own layers, as written")
 
 
 def cpu_has_bf16() -> bool:
@@ -99,174 +98,6 @@ def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
 # has had NaN gradients and wrong results on Hopper (pytorch#196678, #139298, #169849), and builds a graph for every
 # new batch shape. A CPU has flash and math only, and keeps its choice: the list leaves out nothing it has.
 ATTENTION_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-
-
-# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls around a softmax
-# than in its flash kernel, whose fixed cost per (row, head) is several times the arithmetic at these lengths
-# (all-MiniLM-L6-v2 on STS-B's sentences, 14 tokens: attention from 15-16% of the forward to 7-8%; the kernel wins
-# again from about 128 tokens; docs/measurements.md). GPUs, and training's dropout, keep the fused kernels.
-SHORT_ROWS = 64
-
-
-def attention(q, k, v, mask, dropout_p: float = 0.0):
-    """softmax(q k^T / sqrt(hd), where mask) v for (B, nh, T, hd) q, k, v and a bool mask broadcast to (B, nh, T, T)
-    (None: everything): scaled_dot_product_attention in the kernels of ATTENTION_KERNELS, or on a CPU, for rows of
-    up to SHORT_ROWS tokens without dropout, the same written out, the softmax in fp32 as the flash kernel's is."""
-    # Dropout tested first, so that a compiled training step never guards its graph on a batch's length
-    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    fused = _fused_rows(q, k, v, mask)
-    if fused is not None:
-        return fused
-    # Rows of up to 8 tokens several to a product where only keys are masked; not in a compiled graph, which would
-    # guard on T <= 8 and build a second graph for the short chunks
-    B, _, T, _ = q.shape
-    if not torch.compiler.is_compiling() and T <= 8 and (mask is None or mask.shape == (B, 1, 1, T)):
-        return _rows_together(q, k, v, mask, 16 // T)
-    # Keys padded to a multiple of 8 and masked there: the softmax runs on whole vectors (13 keys padded to 16: 3x
-    # faster). Always, even by 0 (the pad's copy is the one matmul would make), so a compiled graph never guards on T
-    extra = -k.shape[-2] % 8
-    mask = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
-    k, v, mask = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
-    # Masked by adding the lowest finite score, not -inf: a query with no key to see gets a finite mean, not NaN
-    lowest = torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    scores = torch.add(lowest, torch.matmul(q, k.transpose(-1, -2)), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T'), fp32
-    return torch.matmul(scores.softmax(-1).to(v.dtype), v)  # (B, nh, T, hd)
-
-
-def _fused_rows(q, k, v, mask):
-    """attention() in one pass (support/kernels.cpp) where q, k and v are the views model.py makes of one bf16 q|k|v
-    product, (B, T, 3, nh, hd), keys masked on the right or not at all, and nothing needs a gradient: (B, nh, T, hd),
-    a view of (B, T, nh, hd); else None. 14-token rows, 2,048 tokens, one thread: 0.87 ms a layer against 1.86."""
-    B, nh, T, hd = q.shape
-    H, step = nh * hd, nh * hd * q.element_size()
-    if q.dtype != torch.bfloat16 or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
-            not q.stride() == k.stride() == v.stride() == (T * 3 * H, hd, 3 * H, 1) or \
-            (k.data_ptr() - q.data_ptr(), v.data_ptr() - q.data_ptr()) != (step, 2 * step) or \
-            not q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr():
-        return None
-    if mask is None:
-        lengths = torch.full((B,), T, dtype=torch.int64)
-    elif mask.shape == (B, 1, 1, T) and mask.dtype == torch.bool:
-        keys = mask.reshape(B, T)
-        lengths = keys.sum(1)
-        if int(lengths.min()) < 1 or not torch.equal(keys, torch.arange(T) < lengths[:, None]):
-            return None
-    else:
-        return None
-    y = kernels.attention_rows(q.as_strided((B * T, 3 * H), (3 * H, 1)), lengths, B, T, nh)  # the product itself
-    return None if y is None else y.view(B, T, nh, hd).transpose(1, 2)
-
-
-def add_norm(ln, x, y):
-    """ln(x + y): the residual sum, normalised as BERT does (post-LN; ModernBERT's ln is the identity). On a CPU in bf16
-    without gradients, one pass (support/kernels.cpp) whose result is rounded to bf16 once: the residual stream goes on
-    in bf16, as the next product reads it (all-MiniLM-L6-v2: lowest cosine to fp32 0.999945 against torch's bf16
-    0.999946, STS-B dev unchanged). 2,048 tokens at H=384, one thread, an AMX Xeon: 0.50 ms against 0.69 with an fp32
-    result as well (half the bytes of a pass that memory bounds), torch's own operations 2.0."""
-    if isinstance(ln, torch.nn.LayerNorm) and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) \
-            and y.dtype == torch.bfloat16 and x.dim() == 2 and x.shape == y.shape and x.is_contiguous() and \
-            y.is_contiguous() and ln.weight is not None and ln.bias is not None and \
-            ln.weight.dtype == torch.float32 and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        out = kernels.add_layer_norm(x, y, ln.weight, ln.bias, ln.eps)
-        if out is not None:
-            return out
-    return ln(x + y)
-
-
-def _rows_together(q, k, v, mask, G: int):
-    """attention() for rows of T <= 8 tokens, G at a time as one row of G*T (9 to 16), each query masked to its own
-    row's keys: the same sums in a G-th of the (row, head)s, each of which costs the products and the softmax a fixed
-    time (3-token rows: 3.2 ms against 5.7 a layer, 2,048 tokens, bf16; 8: 2.1 against 3.3; docs/measurements.md)."""
-    B, nh, T, hd = q.shape
-    n = -(-B // G) * G  # rows made a multiple of G with rows of zeros, whose outputs are dropped
-
-    def together(x):  # (B, nh, T, hd) -> (n/G, nh, G*T, hd): views where B is a multiple of G
-        x = x.transpose(1, 2) if n == B else F.pad(x.transpose(1, 2), (0, 0, 0, 0, 0, 0, 0, n - B))
-        return x.reshape(n // G, G * T, nh, hd).transpose(1, 2)
-
-    keys = torch.ones(n, T, dtype=torch.bool, device=q.device) if mask is None else \
-        F.pad(mask.reshape(B, T), (0, 0, 0, n - B), value=True)
-    keys = keys.reshape(n // G, 1, 1, G * T)
-    row = torch.arange(G * T, device=q.device) // T
-    y = attention(together(q), together(k), together(v), keys & (row[:, None] == row[None]))  # (n/G, nh, G*T, hd)
-    return y.transpose(1, 2).reshape(n, T, nh, hd)[:B].transpose(1, 2)  # (B, nh, T, hd)
-
-
-# -----------------------------------------------------------------------------------------------
-# oneDNN's linear layers for a CPU forward
-
-
-class PackedLinear(torch.nn.Module):
-    """An nn.Linear as oneDNN runs it on a CPU, its weight laid out once in oneDNN's blocked format (F.linear in bf16
-    lays it out again at every call) and, where one follows, the activation applied to the fp32 sums before they are
-    rounded: one pass over the output fewer, and one rounding. For inference: the weight is a copy, with no gradient."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype, activation: tuple[str, str] = ("none", "")):
-        super().__init__()
-        self.dtype, (self.attr, self.algorithm) = dtype, activation
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), None)
-        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        # BERT's exact GELU in bf16 as a pass of our own over the rounded product (support/kernels.cpp), cheaper than
-        # oneDNN's inside it (the product with it 2.52 ms against 3.28 at 2,048 x 1,536, one thread, an AMX Xeon):
-        # the GELU torch's autocast computes, of the bf16 product (all-MiniLM-L6-v2: STS-B dev 86.73, fp32 86.72)
-        self.own_gelu = activation == ("gelu", "none") and dtype == torch.bfloat16 and kernels.library() is not None
-
-    def forward(self, x):
-        x = x.to(self.dtype)  # as autocast would, where the model runs under it (add_norm's bf16 output: as it is)
-        if self.own_gelu and not torch.compiler.is_compiling():
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-            if y.is_contiguous() and kernels.gelu_(y):
-                return y
-            return F.gelu(y)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
-
-
-def fusable(act) -> tuple[str, str] | None:
-    """oneDNN's name for an activation it applies inside a product: GELU, exact (BERT's) or in its tanh form."""
-    if act is F.gelu:
-        return "gelu", "none"
-    if isinstance(act, functools.partial) and act.func is F.gelu and act.keywords == {"approximate": "tanh"}:
-        return "gelu", "tanh"
-    return None
-
-
-# Laying the weights out costs what about 1,000 tokens' products gain by it, whatever the model's size (both scale with
-# its weights; all-MiniLM-L6-v2, bf16 and fp32, Zen 4): a call with fewer runs the layers as they are (one sentence:
-# 9-10 ms against 18)
-PACK_FROM_TOKENS = 1024
-
-
-@contextlib.contextmanager
-def packed_linears(model, dtype, tokens: int = PACK_FROM_TOKENS):
-    """While a model embeds `tokens` on a CPU: each nn.Linear of its layers run as a PackedLinear in `dtype` (None:
-    fp32), and a feed-forward's GELU (model.FeedForward's `up` and `act`; not a gated one) applied inside the product
-    before it; the model as it was afterwards. One feed-forward of all-MiniLM-L6-v2 on 2,048 tokens: 12.3-13.0 ms
-    against 17.5-18.8 in bf16 (docs/measurements.md). A GPU, fp16, training, a torch without oneDNN, or fewer than
-    PACK_FROM_TOKENS tokens: nothing changes."""
-    applies = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
-    if not applies or tokens < PACK_FROM_TOKENS or model.training or not torch.backends.mkldnn.is_available():
-        yield
-        return
-    dtype, swapped = dtype or torch.float32, []  # (module, attribute, what it held)
-    try:
-        for module in list(model.layers.modules()):
-            act = None if getattr(module, "glu", False) else fusable(getattr(module, "act", None))
-            for name, child in list(module.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    swapped.append((module, name, child))
-                    setattr(module, name, PackedLinear(child, dtype, act if name == "up" and act else ("none", "")))
-            if act and isinstance(getattr(module, "up", None), PackedLinear):
-                swapped.append((module, "act", module.act))
-                module.act = _identity  # the GELU is up's now
-        yield
-    finally:
-        for module, name, before in reversed(swapped):
-            setattr(module, name, before)
-
-
-def _identity(x):  # a function, as the activation it stands in for (a module there would be registered as a child)
-    return x
 
 
 def autocast(dtype, device: torch.device):
@@ -363,9 +194,9 @@ def check_compile():
 
 
 def compiled(fn):
-    """torch.compile for chunks of every shape: one graph for them all (Spans gives every chunk the same kinds of
-    input). Sizes that are equal by chance when a graph is traced are not taken for one size (dynamo's "duck
-    sizing"): a chunk of 2 spans with 2 MLM targets would otherwise build a graph of its own."""
+    """torch.compile for chunks of every shape: one graph for them all (support.chunks.Chunks gives every chunk the
+    same kinds of input). Sizes that are equal by chance when a graph is traced are not taken for one size (dynamo's
+    "duck sizing"): a chunk of 2 spans with 2 MLM targets would otherwise build a graph of its own."""
     import torch.fx.experimental._config as fx_config
 
     if hasattr(fx_config, "use_duck_shape"):  # torch >= 2.5
@@ -373,10 +204,24 @@ def compiled(fn):
     return torch.compile(fn, dynamic=True)
 
 
+def compiled_encoder(model):
+    """embed.py --compile: the encoder under torch.compile (inductor) for batches of every shape, a graph for each of
+    its forward's few branches (packed or not, short rows or long). On a CPU its weights are frozen in as constants,
+    which inductor lays out for oneDNN once, as support/cpu_layers.py does by hand (unfrozen, each product lays its
+    weight out again, slower than embed.py's default); inductor then builds every graph anew in each process. On a
+    GPU its cache keeps what it builds (TORCHINDUCTOR_CACHE_DIR, else a folder under /tmp) for a later process."""
+    torch._inductor.config.freezing = next(model.parameters()).device.type == "cpu"  # embedding changes no weight
+    return torch.compile(model, dynamic=True)
+
+
+def is_compiled(model) -> bool:
+    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+
+
 def compiled_graphs() -> tuple[int, bool]:
     """(graphs torch.compile has built in this process, whether it reached its recompile limit and fell back to eager).
-    Spans gives every chunk the same kinds of input, so a run builds one graph, two with GradCache (with and without
-    gradients)."""
+    support.chunks.Chunks gives every chunk the same kinds of input, so a run builds one graph, two with GradCache
+    (with and without gradients)."""
     counters = torch._dynamo.utils.counters
     gave_up = any(k.startswith("Dynamo recompile limit") for k in counters["unimplemented"])
     return counters["stats"]["unique_graphs"], gave_up

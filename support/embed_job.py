@@ -291,7 +291,9 @@ def rows_depend_on(cfg, model, device, dtype, max_tokens: int) -> dict:
             "--normalize": cfg.normalize, "--dtype": str(dtype).removeprefix("torch.") if dtype else "float32",
             "--device": device.type, "--batch-tokens": cfg.batch_tokens, "--block": cfg.block, "--format": cfg.format,
             "--output-dtype": cfg.output_dtype, "the model's length": max_tokens,
-            **({"--text-field": cfg.text_field} if cfg.text_field != "text" else {})}  # as jobs before it had none
+            **({"--text-field": cfg.text_field} if cfg.text_field != "text" else {}),  # as jobs before it had none
+            **({"--no-onednn": True} if not cfg.onednn and device.type == "cpu" else {}),
+            **({"--compile": True} if cfg.compile else {})}
 
 
 def describe_inputs(inputs, copies: dict) -> list:

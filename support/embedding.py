@@ -1,7 +1,7 @@
 """
 support/embedding.py: what embed.py does around the embedding itself. Its inputs checked, then read in blocks (standard
-input and pipes copied once, as both passes read them), the progress of the texts finished, and each batch laid out
-in the shapes a CPU's bf16 kernels want. Where the blocks' rows go is support/embed_job.py's.
+input and pipes copied once, as both passes read them), each batch laid out on the device, and the progress of the
+texts finished. Where the blocks' rows go is support/embed_job.py's.
 """
 import contextlib
 import itertools
@@ -16,27 +16,11 @@ import torch
 from support import quantize
 from support.cli import UserError
 from support.corpus import parquet_file, read_lines
-from support.device import pad_rows, padding_mask, to_device
+from support.device import check_compile, pad_rows, to_device
 from support.files import path_kind
 
 # -----------------------------------------------------------------------------------------------
 # A batch on the device
-
-
-def token_multiple(device: torch.device, dtype) -> int:
-    """What the count of tokens a packed batch's token-wise layers run on is rounded up to: 64 on a CPU in bf16, where
-    a new count costs oneDNN a new kernel (about 0.3 ms with support.device.PackedLinear's weights), 1 elsewhere."""
-    return 64 if device.type == "cpu" and dtype == torch.bfloat16 else 1
-
-
-def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
-    """The flat positions the token-wise layers run on (model.Packing's): the real tokens', then as many padding
-    positions as make their count a multiple of `multiple`, where the batch has that much padding (pooling leaves
-    them out)."""
-    real = np.flatnonzero(padding_mask(lengths, T))
-    extra = -len(real) % multiple
-    padding = np.flatnonzero(~padding_mask(lengths, T))[:extra]
-    return np.sort(np.concatenate([real, padding])) if extra and len(padding) == extra else real
 
 
 # Taking a batch's padding out before the token-wise layers and putting it back for attention is two copies of every
@@ -45,15 +29,15 @@ def token_positions(lengths: np.ndarray, T: int, multiple: int) -> np.ndarray:
 PACK_ABOVE = 1 / 8
 
 
-def padded_batch(pieces, pad_id: int, T: int, device: torch.device, dtype):
-    """(ids, mask, positions, attend) on the device: the pieces padded to T; the positions the token-wise layers run
-    on, None where the batch runs as it is (padding at most PACK_ABOVE of it); the mask attention needs, None where
-    there is no padding."""
+def padded_batch(pieces, pad_id: int, T: int, device: torch.device):
+    """(ids, mask, positions, attend) on the device: the pieces padded to T; the real tokens' flat positions, which
+    the token-wise layers run on (model.Packing's), None where the batch runs as it is (padding at most PACK_ABOVE of
+    it); the mask attention needs, None where there is no padding."""
     ids, mask = pad_rows(pieces, pad_id, width=T)
     lengths = mask.sum(1)
     positions = None
     if ids.size - lengths.sum() > PACK_ABOVE * ids.size:
-        positions = to_device(token_positions(lengths, T, token_multiple(device, dtype)), device)
+        positions = to_device(np.flatnonzero(mask), device)
     mask = to_device(mask, device)
     return to_device(ids, device), mask, positions, mask if lengths.min() < T else None
 
@@ -87,6 +71,29 @@ class FinishedTexts:
 
 # -----------------------------------------------------------------------------------------------
 # Files in, rows out, in blocks
+
+
+def check_flags(cfg):
+    """embed.py's flags together: the --format that --output's extension says, npy (float32, texts x hidden) or jsonl
+    (an {"embedding": [...]} per line), and what each of the others needs."""
+    suffix = Path(cfg.output).suffix
+    if Path(cfg.output).is_dir():
+        raise UserError(f"--output {cfg.output}: is a folder; name the file to write")  # a path: exit 1
+    if cfg.format and suffix in (".npy", ".jsonl") and suffix != "." + cfg.format:
+        raise UserError(f"--format {cfg.format}: --output {cfg.output} says {suffix[1:]}; name the file "
+                        f".{cfg.format} or leave --format out", code=2)
+    if not cfg.format and suffix not in (".npy", ".jsonl"):
+        raise UserError(f"--output {cfg.output}: cannot tell the format from its name; pass --format npy or "
+                        f"--format jsonl", code=2)
+    cfg.format = cfg.format or suffix[1:]
+    if cfg.output_dtype != "float32" and cfg.format != "npy":
+        raise UserError(f"--output-dtype {cfg.output_dtype}: for .npy only (a .jsonl row is text)", code=2)
+    if cfg.ranges and cfg.output_dtype != "int8":
+        raise UserError("--ranges: for --output-dtype int8 only", code=2)
+    if cfg.resume and cfg.overwrite:
+        raise UserError("--resume and --overwrite: continue the job, or start it afresh, not both", code=2)
+    if cfg.compile:
+        check_compile()
 
 
 def check_paths(cfg, out: Path, world: int = 1):

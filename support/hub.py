@@ -198,9 +198,9 @@ def read_safetensors(d: Path, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def load_state(ours: dict[str, torch.Tensor], keymap: dict[str, list[str]], tensors: dict[str, torch.Tensor],
-               where: str, optional: str) -> list[str]:
+               where: str, optional: str) -> bool:
     """Copy a checkpoint's tensors (read_safetensors) into a model's state_dict through model.py's key map, every
-    name and shape checked; a head (the names under `optional`) may be missing. Returns notes for the user."""
+    name and shape checked; a head (the names under `optional`) may be missing. Returns whether it was."""
     for name, sources in keymap.items():
         if all(s in tensors for s in sources):
             t = torch.cat([tensors[s] for s in sources]) if len(sources) > 1 else tensors[sources[0]]
@@ -215,7 +215,7 @@ def load_state(ours: dict[str, torch.Tensor], keymap: dict[str, list[str]], tens
         raise UserError(f"{where}: missing {len(missing)} tensors, e.g. {', '.join(sorted(missing)[:3])}")
     if unused:
         raise UserError(f"{where}: {len(unused)} unexpected tensors, e.g. {', '.join(sorted(unused)[:3])}")
-    return [f"{where}: no MLM head in the checkpoint, initialised a fresh one"] if missing else []
+    return bool(missing)
 
 
 def hf_state_dict(ours: dict[str, torch.Tensor], keymap: dict[str, list[str]]) -> dict[str, torch.Tensor]:

@@ -28,23 +28,10 @@ import torch
 
 from support.cli import UserError, first_line, flag, say
 from support.demo import demo_config
-from support.device import check_compile, device_name
+from support.device import device_name
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
 from support.processes import Process, every_rank_says, init_process_group, made_once
 from support.threads import usable_cpus
-
-
-@dataclass
-class StepConfig:  # train.py's flags for how a step runs: the same gradient, in less time or memory
-    dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
-                      choices=("auto", "fp32", "bf16", "fp16"))
-    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded tokens", low=1)
-    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk by chunk")
-    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the MLM head")
-
-    def validate(self):
-        if self.compile:
-            check_compile()
 
 
 @dataclass

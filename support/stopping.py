@@ -9,7 +9,6 @@ import gc
 import math
 import signal
 import threading
-import types
 
 import torch
 import torch.distributed as dist
@@ -35,12 +34,23 @@ class StopOnSigterm:
         self.asked = True
 
 
+class Life:
+    """The SIGTERM handler lifetime() installs, and the run it stops once watch() hands the handler to it."""
+
+    def __init__(self):
+        self.run, self.stop = None, StopOnSigterm()
+
+    def watch(self, run):
+        self.run, run.stop = run, self.stop
+        return run
+
+
 @contextlib.contextmanager
 def lifetime():
     """What train.py's main runs inside: SIGTERM handled as StopOnSigterm says, Ctrl-C and SIGTERM made their one
-    line, and on the way out, however it goes, the run folder released and the process group destroyed. Yields a
-    namespace whose `run` main fills in, and `stop`, the SIGTERM handler."""
-    life = types.SimpleNamespace(run=None, stop=StopOnSigterm())
+    line, and on the way out, however it goes, the run folder released and the process group destroyed. Yields the
+    Life whose watch() main hands its run to."""
+    life = Life()
     handled = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
     previous = signal.signal(signal.SIGTERM, life.stop) if handled else None
     try:

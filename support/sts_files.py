@@ -163,6 +163,23 @@ def find_tasks(root: Path, split: str) -> dict[str, dict[str, tuple]]:
     return tasks
 
 
+def tasks_to_score(data: str, split: str, wanted: list) -> dict[str, dict[str, tuple]]:
+    """evaluate_sts.py's tasks: find_tasks' under --data (the STS Benchmark downloaded where none is given), those
+    asked for by name or all, each one there; else one line naming the files missing."""
+    root = Path(data) if data else download_stsb(split)
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory")
+    found = find_tasks(root, split)
+    if missing := [t for t in wanted if t not in found]:  # the tasks asked for by name, each one there
+        raise UserError(f"{root}: no {split} files of " + "; ".join(f"{t} ({task_files(t, split)})" for t in missing)
+                        + (f"; it has {', '.join(found)}" if found else ""))
+    tasks = {t: v for t, v in found.items() if t in wanted or not wanted}
+    if not tasks:
+        raise UserError(f"{root}: no {split} files of STSB, SICK-R or STS12-16 found"
+                        + ("" if split == "dev" else " (for STS-B dev or SICK trial pass --split dev)"))
+    return tasks
+
+
 def semeval_subsets(files: list[Path], year: int) -> dict[str, tuple]:
     """{subset: (a, b, gold)} of SemEval STS 20`year`: STS.input.NAME.txt beside STS.gs.NAME.txt (2016: STS2016.*)
     in a folder STSyy or SentEval's STSyy-en-test; an input without gold scores cannot be scored."""

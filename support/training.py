@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from support import card, demo, metrics, runs, stopping
 from support.device import autocast_dtype, say_compiled
-from support.processes import Process, data_parallel
+from support.processes import Process
 from support.workers import prefetched_batches
 
 
@@ -25,6 +25,7 @@ class Run:
     cfg: object  # train.TrainConfig
     out: Path
     model: nn.Module  # what train_step runs: ChunkedEncoder(encoder) (compiled with --compile), in DDP under torchrun
+    # (train.setup wraps it)
     encoder: nn.Module  # the model.Encoder inside it, which checkpoints save
     tok: object
     opt: torch.optim.Optimizer
@@ -45,7 +46,8 @@ class Run:
 
     def begin(self, resume_from, evaluate, lr_at, most_steps: int):
         """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
-        the process group up (support/runs.py), DDP around the model, a checkpoint's state restored, the plan said.
+        the process group up (support/runs.py), a checkpoint's state restored, the plan said (train.setup then puts
+        DDP around the model).
         evaluate: () -> STS-B dev, or None; lr_at(step, total) -> the learning rate."""
         cfg, proc = self.cfg, self.proc
         if not resume_from and demo.scratch_name(cfg.model) is None and not Path(cfg.model).expanduser().is_dir():
@@ -54,8 +56,6 @@ class Run:
         self.machines = runs.machines(resume_from, proc, autocast_dtype(cfg.dtype, proc.device))
         runs.check_length(self.total, self.batches.steps_per_epoch, cfg, resume_from, most_steps)
         runs.begin(proc, self.out, resume_from, cfg.ddp_timeout)
-        if proc.world > 1:
-            self.model = data_parallel(self.model, proc.device, find_unused=not cfg.mlm)  # no MLM: its head is unused
         if resume_from:  # the optimizer, the loss scale, the step and the best score, as the checkpoint has them
             self.step, self.best, self.latest_checkpoint = runs.restore(resume_from, self.opt, self.scaler)
             runs.say_replanned(resume_from, self.total, self.batches.steps_per_epoch, lr_at)

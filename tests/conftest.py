@@ -22,7 +22,7 @@ def the_users_shell_does_not_matter(monkeypatch, tmp_path_factory):
     HF_TOKEN, `hf auth login`): every variable the code reads is cleared here, and a test sets what it needs. Only
     DECLUTR_SHARED (where the assets are) and DECLUTR_STRICT (CI's) are the user's, read once above."""
     for name in ("HF_HUB_OFFLINE", "HF_ENDPOINT", "HF_TOKEN", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH",
-                 "DECLUTR_PROGRESS_EVERY", "DECLUTR_STSB_URL", "XDG_CACHE_HOME", "DECLUTR_CPU_KERNELS", "CXX"):
+                 "DECLUTR_PROGRESS_EVERY", "DECLUTR_STSB_URL", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     if "huggingface_hub" in sys.modules:  # it reads these once, when imported
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
@@ -78,16 +78,16 @@ def _shared_or_fetched(path: Path, asset: str) -> Path:
 @functools.cache
 def _fetch(asset: str):
     """(path, None) once downloaded into the usual cache, or (None, why not): tried once per test session."""
-    import evaluate_sts
     from support import hub
     from support.cli import UserError
+    from support.sts_files import download_stsb
 
     extra = (("vocab.txt",), ("tokenizer_config.json",), ("modules.json",), ("sentence_bert_config.json",),
              ("1_Pooling/config.json",))  # what sentence-transformers and the WordPiece test read
     try:
         if asset == "minilm":
             return hub.hub_download(MINILM_HUB, files=hub.HUB_FILES + extra), None
-        return evaluate_sts.download_stsb() / "sts-dev.csv", None
+        return download_stsb() / "sts-dev.csv", None
     except UserError as e:
         return None, str(e)
 

@@ -1,5 +1,5 @@
 """embed.py against sentence-transformers on the same model and texts, a naive loop, and bad input."""
-import contextlib
+import copy
 import itertools
 import json
 import subprocess
@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import embed as E
 import model as M
 from conftest import ROOT, minilm, oracle, stsb_sentences
-from support import device as D
-from support import embedding, threads
+from support import cpu_layers, embedding, threads
 from support.device import device_and_dtype
 from support.threads import across_cores, cpu_threads
 
@@ -122,32 +122,32 @@ def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
     assert cos.min() >= 0.9999, cos.min()
 
 
-def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny, monkeypatch):
+def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny):
     """Autocast keeps one bf16 copy of each weight for all of a call's batches; under inference_mode it would cast
     every weight again for every batch (its cache skips such calls): the casts of the up-projections' weights,
-    counted by torch.profiler over a call of many batches, one after another as on a GPU, are one per layer. On a
-    CPU, oneDNN's packed weights likewise, with the batches on two threads at once: laid out once a call, the GELU
-    inside the product (no aten::gelu), four products a layer a batch."""
+    counted by torch.profiler over a call of many batches, one after another as on a GPU, are one per layer. With
+    oneDNN's layers swapped in (support/cpu_layers.py), on two threads at once: no weight cast or laid out during the
+    call (once, at the swap), the GELU inside the product (no aten::gelu), four products a layer a batch."""
     model, tok = M.load_pretrained(str(tiny))
     c = model.config
     texts = [f"the cat sat on mat {i} " * (1 + i % 7) for i in range(60)]
 
-    def ops(**kw):
+    def ops(model, **kw):
         every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)  # the workers' too
         with torch.profiler.profile(record_shapes=True, experimental_config=every_thread) as prof:
             E.encode(texts, model, tok, dtype=torch.bfloat16, batch_tokens=128)
         return {e.key: e.count for e in prof.key_averages(**kw) if not kw or e.input_shapes[:1] == [
             [c.intermediate_size, c.hidden_size]]}
 
-    monkeypatch.setattr(D, "PACK_FROM_TOKENS", 0)  # whatever the call's tokens
+    with cpu_threads(1):  # one batch after another, model.py's own layers
+        assert ops(model)["aten::gelu"] == (batches := ops(model)["aten::gelu"] // c.num_hidden_layers) * \
+            c.num_hidden_layers and batches >= 5
+        assert ops(model, group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
+    swapped = cpu_layers.swap_in(copy.deepcopy(model), torch.bfloat16)
     with cpu_threads(2):
-        packed = ops()
-    batches = packed["mkldnn::_linear_pointwise"] // (4 * c.num_hidden_layers)
-    assert packed["mkldnn::_reorder_linear_weight"] == 4 * c.num_hidden_layers and "aten::gelu" not in packed
-    monkeypatch.setattr(E, "packed_linears", lambda *args: contextlib.nullcontext())  # as on a GPU: no packing,
-    with cpu_threads(1):  # and one batch after another
-        assert ops()["aten::gelu"] == batches * c.num_hidden_layers and batches >= 5
-        assert ops(group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
+        packed = ops(swapped)
+    assert packed["mkldnn::_linear_pointwise"] == 4 * c.num_hidden_layers * batches
+    assert "mkldnn::_reorder_linear_weight" not in packed and "aten::gelu" not in packed
 
 
 def test_across_cores_runs_items_in_order_on_threads_of_their_own(monkeypatch):
@@ -183,9 +183,9 @@ def test_across_cores_runs_items_in_order_on_threads_of_their_own(monkeypatch):
 
 def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch):
     """On a CPU embed_tokenized runs several batches at once (as many as torch has threads), a thread each; the
-    embeddings those of one batch at a time, whatever order the batches end in: fp32 and bf16, with oneDNN's packed
-    layers and without them (where each thread must run in the autocast asked for: bf16 and fp32 are 3e-4 apart)."""
-    model, tok = M.load_pretrained(str(tiny))
+    embeddings those of one batch at a time, whatever order the batches end in: fp32 and bf16, with oneDNN's layers
+    swapped in and without them (where each thread must run in the autocast asked for: bf16 and fp32 are 3e-4 apart)."""
+    plain, tok = M.load_pretrained(str(tiny))
     texts = [f"the cat sat on mat {i} " * (1 + i % 9) for i in range(80)]
     ran_on = []
 
@@ -194,8 +194,8 @@ def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch
         return across_cores(items, lambda item: ran_on[-1].add(threading.get_ident()) or work(item), cpu)
 
     monkeypatch.setattr(E, "across_cores", spy)
-    for pack_from, dtype in itertools.product((0, 10**9), (None, torch.bfloat16)):
-        monkeypatch.setattr(D, "PACK_FROM_TOKENS", pack_from)
+    for onednn, dtype in itertools.product((True, False), (None, torch.bfloat16)):
+        model = cpu_layers.swap_in(copy.deepcopy(plain), dtype) if onednn else plain
         with cpu_threads(1):
             one = E.encode(texts, model, tok, dtype=dtype, batch_tokens=128)
         with cpu_threads(2):
@@ -204,78 +204,121 @@ def test_a_cpu_embeds_several_batches_at_once_as_one_at_a_time(tiny, monkeypatch
     assert [len(t) for t in ran_on] == [1, 2] * 4 and threading.get_ident() in ran_on[0] - ran_on[1]
 
 
-def test_packed_linears_embed_as_plain_ones_and_put_the_model_back(tiny, monkeypatch):
-    """support.device.packed_linears: in fp32 the naive loop's embeddings, for BERT's GELU, its tanh form (fused
-    too) and ReLU (not fused); the model's own modules back afterwards, after an error too; ModernBERT's gated
-    activation is left to the model."""
-    model, tok = M.load_pretrained(str(tiny))
+def test_cpu_layers_are_model_pys_layers(tiny, monkeypatch, capsys):
+    """support/cpu_layers.py against model.py's own layers on the same weights. fp32: a swapped layer's output and
+    a whole model's embeddings are the naive loop's, for BERT's GELU, its tanh form (both inside the up product) and
+    ReLU (after it); the product with GELU inside is GELU of nn.Linear's. bf16: a swapped layer is at least as near
+    the fp32 layer as model.py's layer under autocast. ModernBERT: its linears swapped, its gated GELU its own. A
+    GPU's or fp16's model, and a torch without oneDNN's products: nothing swapped, the latter said once."""
+    plain, tok = M.load_pretrained(str(tiny))
     texts = ["the cat sat", "a dog barked at the moon " * 9, "", "the mat " * 30, "moon"] * 3
-    monkeypatch.setattr(D, "PACK_FROM_TOKENS", 0)  # however few the tokens
+    g = torch.Generator().manual_seed(0)
+    x, lengths = torch.randn(3 * 20, plain.config.hidden_size, generator=g), torch.tensor([20, 7, 13])
+    mask = (torch.arange(20)[None] < lengths[:, None]).long()
+    packing = M.Packing(3, 20, mask.flatten().nonzero().squeeze(1), mask)
+    x = x[:int(lengths.sum())]
     for act in ("gelu", "gelu_new", "relu"):
+        model = copy.deepcopy(plain)
         for layer in model.layers:
             layer.ffn.act = M.ACTIVATIONS[act]
-        np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=100), naive(texts, model, tok), atol=1e-5)
-    g = torch.Generator().manual_seed(0)
-    linear, x = torch.nn.Linear(64, 96), torch.randn(50, 64, generator=g)  # pre-activations ~ N(0, 1/3)
+        layer, want = model.layers[1], naive(texts, model, tok)
+        with torch.no_grad():
+            fp32 = layer(x, packing)
+        cpu_layers.swap_in(model, None)
+        assert all(isinstance(linear, cpu_layers.PackedLinear) for linear in (layer.attn.qkv, layer.attn.out))
+        assert isinstance(layer.ffn, cpu_layers.PackedFeedForward) == (act != "relu")
+        np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=100), want, atol=1e-5)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x, packing), fp32, rtol=0, atol=1e-5)
+    linear, h = torch.nn.Linear(64, 96), torch.randn(50, 64, generator=g)  # pre-activations ~ N(0, 1/3)
     for act in ("gelu", "gelu_new"):  # where erf's and tanh's GELU differ by up to 1e-4
-        fused = D.PackedLinear(linear, torch.float32, D.fusable(M.ACTIVATIONS[act]))
-        torch.testing.assert_close(fused(x), M.ACTIVATIONS[act](linear(x)), rtol=0, atol=2e-6)
-    model.layers[1].ffn.act = M.ACTIVATIONS["gelu"]
-    before = [(name, type(m), getattr(m, "act", None)) for name, m in model.named_modules()]
-    with pytest.raises(RuntimeError, match="stop"), D.packed_linears(model.eval(), None):
-        assert isinstance(model.layers[1].ffn.up, D.PackedLinear) and model.layers[1].ffn.up.attr == "gelu"
-        assert model.layers[0].ffn.up.attr == "none" and isinstance(model.layers[0].attn.qkv, D.PackedLinear)
-        raise RuntimeError("stop")  # as an error inside a call
-    assert [(name, type(m), getattr(m, "act", None)) for name, m in model.named_modules()] == before
+        inside = cpu_layers.PackedLinear(linear, torch.float32, cpu_layers.fused(M.ACTIVATIONS[act]))
+        torch.testing.assert_close(inside(h), M.ACTIVATIONS[act](linear(h)), rtol=0, atol=2e-6)
+    with torch.no_grad():
+        fp32 = plain.layers[0](x, packing)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = plain.layers[0](x, packing)
+            swapped = cpu_layers.swap_in(copy.deepcopy(plain), torch.bfloat16).layers[0](x, packing)
+    assert swapped.dtype == torch.float32 and (swapped - fp32).abs().mean() <= (autocast - fp32).abs().mean()
     modern = M.Encoder(M.ModelConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, model_type="modernbert", local_attention=8,
                                      global_attn_every_n_layers=2, global_rope_theta=1e4, local_rope_theta=1e4)).eval()
-    with D.packed_linears(modern, None):
-        assert modern.layers[0].ffn.act is M.ACTIVATIONS["gelu"] and modern.layers[0].ffn.up.attr == "none"
-    with D.packed_linears(model, torch.float16), D.packed_linears(model.train(), None):  # left as they are
-        assert type(model.layers[0].ffn.up) is torch.nn.Linear
+    ids = torch.randint(5, 300, (3, 20), generator=g)
+    with torch.no_grad():
+        want = modern(ids, mask)
+        cpu_layers.swap_in(modern, None)
+        torch.testing.assert_close(modern(ids, mask), want, rtol=0, atol=1e-5)
+    assert isinstance(modern.layers[0].mlp.up, cpu_layers.PackedLinear) and modern.layers[0].mlp.act is F.gelu
+    for model, dtype in ((copy.deepcopy(plain), torch.float16), (copy.deepcopy(plain).to("meta"), None)):
+        assert type(cpu_layers.swap_in(model, dtype).layers[0].ffn.up) is torch.nn.Linear  # fp16; not a CPU
+    monkeypatch.setattr(cpu_layers, "OPS", ("_linear_pointwise", "_not_in_this_torch"))
+    cpu_layers.available.cache_clear()
+    for _ in range(2):
+        assert type(cpu_layers.swap_in(copy.deepcopy(plain), None).layers[0].ffn.up) is torch.nn.Linear
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lacks oneDNN's products" in err and "model.py's own layers run" in err
+    cpu_layers.available.cache_clear()
 
 
-def test_a_call_of_few_tokens_runs_the_layers_as_they_are(tiny, monkeypatch):
-    """Laying the weights out for oneDNN pays from about 1,000 tokens a call (support.device.PACK_FROM_TOKENS): one
-    sentence, or a call one token short of the threshold, runs the layers as they are; a call that reaches it lays
-    each weight out once."""
+def test_embed_and_evaluate_swap_in_the_cpu_layers_in_one_line_unless_told_not_to(tmp_path, tiny, monkeypatch):
+    """embed.py and evaluate_sts.py swap oneDNN's layers in once, after loading; --no-onednn runs model.py's own; the
+    rows are the naive loop's either way (fp32)."""
+    import evaluate_sts
+
+    (tmp_path / "in.txt").write_text("a man plays a guitar\nthe cat sat on the mat\n\n" + "a dog barked " * 30 + "\n")
+    (tmp_path / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{i}\t{i % 5}.0\tthe cat sat {'on ' * i}\ta dog "
+                                                  f"barked {'at ' * (i % 3)}\n" for i in range(12)))
+    swaps, real = [], cpu_layers.swap_in
+    monkeypatch.setattr(cpu_layers, "swap_in", lambda model, dtype: swaps.append(dtype) or real(model, dtype))
     model, tok = M.load_pretrained(str(tiny))
-    texts = ["the cat sat on the mat"] * 8
-    tokens = sum(map(len, E.tokenize(texts, tok, E.max_tokens(model)).pieces))
+    want = naive(["a man plays a guitar", "the cat sat on the mat", "", "a dog barked " * 30], model, tok)
+    for flags, swapped in (([], [None]), (["--no-onednn"], [])):
+        swaps.clear()
+        E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--overwrite",
+                "--dtype", "fp32", "--threads", "1", *flags])
+        assert swaps == swapped
+        np.testing.assert_allclose(np.load(tmp_path / "o.npy"), want, atol=1e-5)
+        swaps.clear()
+        evaluate_sts.main(["--model", str(tiny), "--data", str(tmp_path), "--split", "dev",
+                           "--dtype", "fp32", "--threads", "1", "--json", str(tmp_path / f"s{len(flags)}.json"),
+                           *flags])
+        assert swaps == swapped
+    scores = [json.loads((tmp_path / f"s{k}.json").read_text())["STSB"] for k in (0, 1)]
+    assert scores[0]["n"] == 12 and scores[0]["spearman"] == pytest.approx(scores[1]["spearman"])
 
-    def layouts(texts):
-        with torch.profiler.profile() as prof:
-            E.encode(texts, model, tok)
-        return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_reorder_linear_weight")
 
-    assert layouts(texts[:1]) == 0 and tokens < 1000
-    monkeypatch.setattr(D, "PACK_FROM_TOKENS", tokens + 1)
-    assert layouts(texts) == 0
-    monkeypatch.setattr(D, "PACK_FROM_TOKENS", tokens)
-    assert layouts(texts) == 4 * model.config.num_hidden_layers
+@pytest.mark.slow
+def test_compile_embeds_the_eager_rows_one_batch_at_a_time(tmp_path, tiny, monkeypatch):
+    """embed.py --compile: the encoder under torch.compile (inductor, its weights frozen in on a CPU) writes the naive
+    loop's rows (fp32) for batches packed, as they are and without padding; on a CPU its batches run one at a time (a
+    graph built in one thread waits on the others forever); the job's record says it was compiled."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor, "freezing", False)  # as it was, after the test
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    texts = ["the cat sat", "a dog barked at the moon " * 5, "", "the mat " * 8, "moon", "sat on the mat"] * 3
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    at_once = []
+    monkeypatch.setattr(E, "across_cores", lambda items, work, cpu: at_once.append(cpu) or map(work, items))
+    E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--compile",
+            "--dtype", "fp32", "--batch-tokens", "64"])
+    model, tok = M.load_pretrained(str(tiny))
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), naive(texts, model, tok), atol=1e-5)
+    assert at_once == [False] and inductor.freezing
 
 
-def test_shapes_rounded_up_change_no_embedding(tiny, monkeypatch):
-    """Packed token counts a multiple of 64 (a CPU's bf16 shapes), here in fp32, every batch with padding packed and
-    none: the naive loop's embeddings; the extra positions are padding, and every real one is among them."""
-    lengths, T = np.array([5, 3, 8, 1]), 8
-    for multiple in (1, 4, 16, 64):
-        positions = embedding.token_positions(lengths, T, multiple)
-        real = np.flatnonzero(np.arange(T)[None] < lengths[:, None])  # by hand
-        assert set(real) <= set(positions) and len(set(positions)) == len(positions)
-        assert len(positions) % multiple == 0 or len(positions) == len(real)  # too little padding to round up
-        assert (np.sort(positions) == positions).all()
-    assert len(embedding.token_positions(lengths, T, 4)) == 20 and len(embedding.token_positions(lengths, T, 64)) == 17
+def test_a_batch_packed_or_not_changes_no_embedding(tiny, monkeypatch):
+    """A batch whose padding is over PACK_ABOVE of it runs its token-wise layers on the real tokens alone, one with
+    less as it is, one without any padding without a mask: every batch with padding packed, and none, gives the
+    naive loop's embeddings."""
     cpu = torch.device("cpu")
-    ids, mask, positions, attend = embedding.padded_batch([[5] * 8] * 3 + [[5] * 7], 0, 8, cpu, None)
+    ids, mask, positions, attend = embedding.padded_batch([[5] * 8] * 3 + [[5] * 7], 0, 8, cpu)
     assert positions is None and attend is mask and mask.sum() == 31  # 1 padding place in 32: run as it is
-    assert embedding.padded_batch([[5] * 8] * 4, 0, 8, cpu, None)[2:] == (None, None)  # no padding: no mask either
-    ids, mask, positions, attend = embedding.padded_batch([[5] * 8, [5] * 2], 0, 8, cpu, None)
+    assert embedding.padded_batch([[5] * 8] * 4, 0, 8, cpu)[2:] == (None, None)  # no padding: no mask either
+    ids, mask, positions, attend = embedding.padded_batch([[5] * 8, [5] * 2], 0, 8, cpu)
     assert positions.tolist() == [*range(8), 8, 9] and attend is mask  # 6 in 16: packed
     model, tok = M.load_pretrained(str(tiny))
     texts = ["the cat sat", "a dog barked at the moon " * 9, "the mat " * 30, "moon", "sat on the mat"] * 4
-    monkeypatch.setattr(embedding, "token_multiple", lambda device, dtype: 64)
     for share in (0.0, 1.0):  # every batch with padding packed; none
         monkeypatch.setattr(embedding, "PACK_ABOVE", share)
         np.testing.assert_allclose(E.encode(texts, model, tok, batch_tokens=200), naive(texts, model, tok), atol=1e-5)

@@ -14,6 +14,7 @@ import evaluate_sts as E
 import model as M
 from conftest import SHARED, minilm, need, stsb_dev
 from support.cli import UserError
+from support.sts_files import download_stsb, find_tasks, load_stsb_dev
 
 
 def test_rankdata_averages_ties():
@@ -30,7 +31,7 @@ def test_spearman_hand_worked_with_ties():
 
 
 def test_stsb_reader_keeps_quotes_and_ignores_extra_columns():
-    a, b, gold = E.load_stsb_dev(stsb_dev().parent)
+    a, b, gold = load_stsb_dev(stsb_dev().parent)
     assert len(a) == len(b) == len(gold) == 1500
     assert gold.min() == 0.0 and gold.max() == 5.0
     assert any('"' in s for s in a + b)
@@ -42,7 +43,7 @@ SAMPLES = SHARED / "data" / "sts" / "format-samples"
 
 
 def test_each_semeval_layout_from_the_samples():
-    tasks = E.find_tasks(need(SAMPLES), "test")
+    tasks = find_tasks(need(SAMPLES), "test")
     assert sorted(tasks) == ["STS12", "STS13", "STS14", "STS15", "STS16"]
     for year, subset in [("STS12", "MSRvid"), ("STS13", "headlines"), ("STS14", "images"), ("STS15", "answers-forums"),
                          ("STS16", "plagiarism")]:
@@ -68,22 +69,22 @@ def test_traps_in_a_senteval_tree(tmp_path):
     (d / "STS.output.MSRvid.txt").write_text("1\n2\n3\n4\n5\n")  # a system's output, not gold
     (d / "STS.gs.OnWN.txt").write_text("1\n2\n")  # gold whose input is missing
     (d / "STS.input.SMTnews.txt").write_text("a\tb\n")  # input whose gold is missing
-    tasks = E.find_tasks(tmp_path, "test")
+    tasks = find_tasks(tmp_path, "test")
     assert sorted(tasks) == ["STS12", "STS16"] and list(tasks["STS12"]) == ["MSRvid"]
     (d / "STS.gs.SMTnews.txt").write_text("1\n2\n")
     with pytest.raises(UserError, match="2 scores for the 1 pairs"):
-        E.find_tasks(tmp_path, "test")
+        find_tasks(tmp_path, "test")
 
 
 def test_sick_layouts(tmp_path):
     trial = need(SHARED / "data" / "sts" / "sick" / "SICK_trial.txt")
-    a, b, gold = E.find_tasks(trial.parent, "dev")["SICKR"]["dev"]
+    a, b, gold = find_tasks(trial.parent, "dev")["SICKR"]["dev"]
     assert len(a) == 500 and 1 <= gold.min() and gold.max() <= 5
     head = "pair_ID\tsentence_A\tsentence_B\tentailment_label\trelatedness_score\tSemEval_set\n"
     (tmp_path / "SICK.txt").write_text(head + "1\tA x\tB x\tNEUTRAL\t3.5\tTRAIN\n2\tA y\tB y\tNEUTRAL\t4.5\tTEST\n"
                                        "3\tA z\tB z\tNEUTRAL\t1.5\tTRIAL\n4\tA w\tB w\tNEUTRAL\t2.0\tTEST\n")
-    assert E.find_tasks(tmp_path, "test")["SICKR"]["test"][2].tolist() == [4.5, 2.0]
-    assert E.find_tasks(tmp_path, "dev")["SICKR"]["dev"][0] == ["A z"]
+    assert find_tasks(tmp_path, "test")["SICKR"]["test"][2].tolist() == [4.5, 2.0]
+    assert find_tasks(tmp_path, "dev")["SICKR"]["dev"][0] == ["A z"]
 
 
 def test_minilm_on_stsb_dev(tmp_path, capsys):
@@ -156,17 +157,17 @@ def test_download_from_a_local_server_then_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("DECLUTR_STSB_URL", f"http://127.0.0.1:{srv.server_address[1]}/Stsbenchmark.tar.gz")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    d = E.download_stsb()
+    d = download_stsb()
     assert sorted(p.name for p in d.iterdir()) == ["sts-dev.csv", "sts-test.csv", "sts-train.csv"]
     assert not (tmp_path / "evil.csv").exists() and not list(tmp_path.rglob("evil.csv"))
-    assert E.find_tasks(d, "test")["STSB"]["test"][0] == ["A cat."]
+    assert find_tasks(d, "test")["STSB"]["test"][0] == ["A cat."]
     srv.shutdown()
     srv.server_close()  # the port refuses from now on
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert E.download_stsb() == d  # cached: no network needed
+    assert download_stsb() == d  # cached: no network needed
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
     with pytest.raises(UserError, match="offline.*pass --data"):
-        E.download_stsb()
+        download_stsb()
     monkeypatch.delenv("HF_HUB_OFFLINE")
     with pytest.raises(UserError, match="cannot download .*pass --data"):
-        E.download_stsb()  # the server is gone
+        download_stsb()  # the server is gone

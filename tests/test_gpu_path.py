@@ -247,7 +247,7 @@ def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, mo
         for seed in range(3):  # padded anchors; positives all of one length, so unpadded and without an anchor
             batch = synthetic_batch(3, seed=seed, anchor_len=(30, 41), positive_len=(3, 4))
             spans = step_chunks(batch, compiled.encoder)
-            for chunk in spans.chunks:
+            for chunk in spans.inputs:
                 ids, mask, positions, masked_at, targets = chunk
                 if old_inputs:
                     positions = None if mask.all() else positions
@@ -327,7 +327,7 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
     for batch in batches[:2]:
         plain = step_grads(tiny_encoder(), batch)
         monkeypatch.setattr(T.Chunks.__init__, "__defaults__", (8,))  # Chunks(..., multiple=8), as on a GPU
-        assert step_chunks(batch, tiny_encoder()).chunks[0][0].shape[1] % 8 == 0
+        assert step_chunks(batch, tiny_encoder()).inputs[0][0].shape[1] % 8 == 0
         assert_same(step_grads(tiny_encoder(), batch), plain, atol=1e-6)
         monkeypatch.undo()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=cuda_alignment_backend))
@@ -339,7 +339,7 @@ def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change
         widths = set()
         for batch in batches:
             spans = step_chunks(batch, compiled.encoder, multiple=multiple)
-            for chunk in spans.chunks:
+            for chunk in spans.inputs:
                 widths.add(chunk.ids.shape[1] % 8)
                 compiled([chunk])
         graphs[multiple] = device.compiled_graphs()[0]
@@ -380,8 +380,8 @@ def test_every_forward_runs_in_the_attention_kernels_chosen_for_it(monkeypatch):
     (a training step, GradCache's two passes, embed.encode, evaluate's scoring) runs with cuDNN's kernel left out and
     flash, memory-efficient and math allowed, read inside scaled_dot_product_attention itself; the flags are as they
     were afterwards. A CPU has only flash and math, so it keeps its choice: the same bits as the dispatcher's. (A CPU
-    writes short rows' attention out, support.device.attention: here every row goes to the kernels, as on a GPU.)"""
-    monkeypatch.setattr(device, "SHORT_ROWS", 0)
+    writes short rows' attention out, model.attention: here every row goes to the kernels, as on a GPU.)"""
+    monkeypatch.setattr(M, "SHORT_ROWS", 0)
     seen, real = [], torch.nn.functional.scaled_dot_product_attention
     flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
              torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
@@ -501,7 +501,7 @@ def test_the_host_side_plan_matches_the_device_side_way():
     rows = torch.cat([torch.nn.functional.pad(batch[k], (0, width - batch[k].shape[1]), value=1)
                       for k in ("mlm_inputs", "positives")])  # every span padded to the longest (pad id 1)
     labels = torch.cat([batch["mlm_labels"], torch.full((len(batch["positives"]), batch["mlm_labels"].shape[1]), -100)])
-    for group, (ids, mask, positions, masked_at, masked_ids) in zip(spans.rows, spans.chunks, strict=True):
+    for group, (ids, mask, positions, masked_at, masked_ids) in zip(spans.rows, spans.inputs, strict=True):
         T_k = ids.shape[1]
         assert torch.equal(positions, mask.flatten().nonzero().squeeze(1))  # given even where there is no padding
         assert torch.equal(ids, rows[group, :T_k])  # its spans, anchors MLM-corrupted

@@ -13,7 +13,6 @@ from safetensors.torch import load_file, save_file
 import embed as E
 import model as M
 from conftest import minilm, oracle, stsb_sentences
-from support import device as D
 from support import hub as H
 from support.cli import UserError
 
@@ -100,14 +99,12 @@ def test_parity_with_transformers(kind, tmp_path):
 
 
 def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
-    """support.device.attention writes out, for short rows on a CPU, what scaled_dot_product_attention computes: against
-    SDPA in float64 for key masks, ModernBERT's bands and no mask, rows of at most 8 tokens several to a product (the
-    5 rows of 3 tokens fill one; others are padded with rows of zeros); a query that may see no key comes out finite;
-    the fused kernel still runs for longer rows and under dropout; and a whole encoder gives the same states."""
+    """model.attention's written-out branch, which a CPU takes for rows of up to SHORT_ROWS tokens without dropout,
+    computes what scaled_dot_product_attention does: against SDPA in float64 for key masks, ModernBERT's bands and no
+    mask; in bf16 within 3x the fused kernel's own error; a query that may see no key comes out finite; the fused
+    kernel still runs for longer rows and under dropout; and a whole encoder gives the same states either way."""
     g = torch.Generator().manual_seed(0)
-    together, rows_together = [], D._rows_together
-    monkeypatch.setattr(D, "_rows_together", lambda q, *a: together.append(q.shape[-2]) or rows_together(q, *a))
-    for T in (1, 3, 7, 8, D.SHORT_ROWS):
+    for T in (1, 3, 8, 13, M.SHORT_ROWS):
         q, k, v = (torch.randn(5, 3, T, 8, generator=g) for _ in range(3))
         lengths = torch.tensor([T, 1, max(1, T // 2), T, 2])
         keys = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
@@ -115,26 +112,25 @@ def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
         for mask in (keys, keys & band, None):
             seen = slice(None) if mask is None else mask.expand(5, 3, T, T).any(-1)  # queries that see a key
             exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)[seen]
-            torch.testing.assert_close(D.attention(q, k, v, mask).double()[seen], exact, rtol=0, atol=1e-6)
+            torch.testing.assert_close(M.attention(q, k, v, mask, 0.0).double()[seen], exact, rtol=0, atol=1e-6)
             fused = (F.scaled_dot_product_attention(*(x.bfloat16() for x in (q, k, v)), attn_mask=mask).double()[seen]
                      - exact).abs().max()  # bf16's own error, in the fused kernel
-            ours = (D.attention(*(x.bfloat16() for x in (q, k, v)), mask).double()[seen] - exact).abs().max()
+            ours = (M.attention(*(x.bfloat16() for x in (q, k, v)), mask, 0.0).double()[seen] - exact).abs().max()
             assert ours <= 3 * fused + 1e-2, (T, ours, fused)
-    assert together == [1] * 6 + [3] * 4 + [7] * 4 + [8] * 4  # key masks and none, fp32 and bf16; T=1's band too
     nobody = torch.zeros(1, 1, 1, 4, dtype=torch.bool)  # a row of padding alone
-    assert torch.isfinite(D.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody)).all()
+    assert torch.isfinite(M.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody, 0.0)).all()
     calls = []
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].shape[-2]) or a[0])
-    for T, p in ((D.SHORT_ROWS, 0.0), (D.SHORT_ROWS + 1, 0.0), (8, 0.1)):
-        D.attention(*(torch.randn(2, 2, T, 8) for _ in range(3)), None, p)
-    assert calls == [D.SHORT_ROWS + 1, 8]
+    for T, p in ((M.SHORT_ROWS, 0.0), (M.SHORT_ROWS + 1, 0.0), (8, 0.1)):
+        M.attention(*(torch.randn(2, 2, T, 8) for _ in range(3)), None, p)
+    assert calls == [M.SHORT_ROWS + 1, 8]
     monkeypatch.undo()
     enc = M.Encoder(M.ModelConfig(**TINY, max_position_embeddings=100)).eval()
     ids, mask = torch.randint(3, 300, (3, 90), generator=g), torch.ones(3, 90, dtype=torch.long)
     mask[1, 40:], mask[2, 7:] = 0, 0
     with torch.no_grad():
         fused = enc(ids, mask)  # 90 tokens: the fused kernel
-        monkeypatch.setattr(D, "SHORT_ROWS", 128)
+        monkeypatch.setattr(M, "SHORT_ROWS", 128)
         torch.testing.assert_close(enc(ids, mask), fused, rtol=0, atol=1e-5)
 
 

@@ -87,7 +87,7 @@ def test_a_train_step_gives_transformers_loss_and_gradients(tmp_path):
     ours, _ = M.load_pretrained(str(saved(hf, tmp_path)))
     batch = synthetic_batch(3, pad=3, cls=1, sep=2, mask=4, anchor_len=(20, 60), positive_len=(5, 30))
     cfg = T.TrainConfig(chunk_tokens=300)
-    stats = T.train_step(M.ChunkedEncoder(ours.train()), batch, cfg)
+    stats = T.train_step(T.ChunkedEncoder(ours.train()), batch, cfg)
     hf.train()
     n = len(batch["anchors"])
 

@@ -40,7 +40,7 @@ def test_span_statistics_follow_the_paper():
     n, A, P, lo, hi = 4096, 2, 2, 32, 512
     a_len, p_len, views = [], [], set()
     for _ in range(10_000):
-        spans = S.sample_spans(n, A, P, lo, hi, rng)
+        spans = S.sample_spans(rng, n, A, P, lo, hi)
         assert len(spans) == A
         blocks = []
         for (a0, a1), pos in spans:
@@ -73,9 +73,11 @@ def test_documents_shorter_than_2_a_lmax_are_refused():
     """The original's rule, n >= 2·A·l_max, in the public function as in the batches."""
     rng = np.random.default_rng(3)
     for A, lmax in ((1, 10), (2, 10), (2, 512), (3, 64)):
-        assert len(S.sample_spans(2 * A * lmax, A, 2, 2, lmax, rng)) == A
+        assert len(S.sample_spans(rng, 2 * A * lmax, A, 2, 2, lmax)) == A
         with pytest.raises(ValueError, match=f"need at least {2 * A * lmax}"):
-            S.sample_spans(2 * A * lmax - 1, A, 2, 2, lmax, rng)
+            S.sample_spans(rng, 2 * A * lmax - 1, A, 2, 2, lmax)
+    with pytest.raises(ValueError, match="min_span 11 is over max_span 10"):  # not a document too short
+        S.sample_spans(rng, 1000, 2, 2, 11, 10)
 
 
 @pytest.mark.parametrize("view", ["adjacent", "subsumed", "overlap"])
@@ -86,7 +88,7 @@ def test_each_positive_view_keeps_its_geometry(view):
     n, lo, hi = 2048, 32, 512
     starts = set()
     for _ in range(10_000 // 2):
-        for (a0, a1), pos in S.sample_spans(n, 2, 1, lo, hi, rng, view):
+        for (a0, a1), pos in S.sample_spans(rng, n, 2, 1, lo, hi, view):
             (p0, p1), = pos
             assert 0 <= p0 < p1 <= n and lo <= p1 - p0 <= hi
             inside = a0 <= p0 and p1 <= a1
@@ -106,7 +108,7 @@ def test_anchor_blocks_are_uniform_over_valid_placements():
     rng = np.random.default_rng(1)
     counts = {}
     for _ in range(6000):
-        b = tuple(sorted(a0 // 10 for (a0, _), _ in S.sample_spans(50, 2, 1, 2, 10, rng)))
+        b = tuple(sorted(a0 // 10 for (a0, _), _ in S.sample_spans(rng, 50, 2, 1, 2, 10)))
         counts[b] = counts.get(b, 0) + 1
     assert set(counts) == {(0, 2), (0, 3), (0, 4), (1, 3), (1, 4), (2, 4)}
     assert all(abs(c / 6000 - 1 / 6) < 0.02 for c in counts.values())
@@ -144,7 +146,7 @@ def test_every_start_in_the_windows_occurs_uniformly():
     anchor_offsets, positive_offsets = collections.defaultdict(list), collections.defaultdict(list)
     ends_at_block_end = after = before = total = 0
     for _ in range(20_000):
-        for (a0, a1), pos in S.sample_spans(n, A, 2, lo, hi, rng):
+        for (a0, a1), pos in S.sample_spans(rng, n, A, 2, lo, hi):
             block_start = a0 // hi * hi
             anchor_offsets[hi - (a1 - a0) + 1].append(a0 - block_start)
             ends_at_block_end += a1 == block_start + hi

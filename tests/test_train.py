@@ -22,6 +22,7 @@ import train as T
 from conftest import DDP_BATCH, DDP_CONFIGS, ROOT, SHARED, half_batch, masks, need, synthetic_batch, tiny_encoder
 from support import device, runs, threads
 from support.chunks import length_groups
+from support.sts_files import load_stsb_dev
 
 GUTENBERG = SHARED / "data" / "corpus" / "gutenberg"
 
@@ -661,7 +662,7 @@ def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
     # Scored as evaluate_sts.py scores it by default on this CPU (bf16 where it has AMX or AVX512-BF16): the
     # training's evaluation follows that rule, and bf16 moves a tiny model's score by ~0.002 from fp32's
     dtype = device.autocast_dtype("auto", torch.device("cpu"), cpu_bf16=True)
-    assert abs(E.spearman_of(best, tok, E.load_stsb_dev(dev), dtype=dtype) - max(scores[2], scores[4])) < 1e-3
+    assert abs(E.spearman_of(best, tok, load_stsb_dev(dev), dtype=dtype) - max(scores[2], scores[4])) < 1e-3
 
 
 def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path, capsys, monkeypatch):

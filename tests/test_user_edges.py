@@ -21,6 +21,7 @@ import train as T
 from conftest import ROOT
 from support.cli import cli
 from support.corpus import list_files, prepare_corpus
+from support.sts_files import find_tasks, load_stsb_dev
 from test_train import default_sigint
 
 # --- Ctrl-C ------------------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_linked_folders_of_data_are_followed_once(tmp_path):
     (tmp_path / "sts" / "real" / "sts-dev.csv").write_text("g\tf\t2012\t1\t4.0\tA cat.\tA cat sits.\n")
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "stsb").symlink_to(tmp_path / "sts" / "real", target_is_directory=True)
-    assert V.load_stsb_dev(tmp_path / "eval")[2].tolist() == [4.0]
+    assert load_stsb_dev(tmp_path / "eval")[2].tolist() == [4.0]
 
 
 def test_a_byte_order_mark_is_not_text(tmp_path, tiny):
@@ -104,7 +105,7 @@ def test_a_byte_order_mark_is_not_text(tmp_path, tiny):
         sts.mkdir(parents=True)
         (sts / "STS.input.x.txt").write_bytes(data[:3] * (folder == "bom") + b"A cat.\tA cat sits.\n")
         (sts / "STS.gs.x.txt").write_text("4.0\n")
-        assert V.find_tasks(sts, "test")["STS12"]["x"][0] == ["A cat."]
+        assert find_tasks(sts, "test")["STS12"]["x"][0] == ["A cat."]
     assert np.array_equal(np.load(tmp_path / "bom" / "e.npy"), np.load(tmp_path / "plain" / "e.npy"))
     plain = prepare_corpus([tmp_path / "plain"], tok, str(tmp_path / "plain" / "cache"))
     assert np.array_equal(np.asarray(c.tokens), np.asarray(plain.tokens))
@@ -151,7 +152,7 @@ def test_evaluate_refuses_two_copies_of_a_task_naming_both(tmp_path, tiny, capsy
                                   f"sts-dev.csv, {tmp_path}/sts/b/sts-dev.csv); pass --data the folder of the one to "
                                   f"score"), line
     with pytest.raises(Exception, match="2 files named sts-dev.csv"):
-        V.load_stsb_dev(tmp_path / "sts")
+        load_stsb_dev(tmp_path / "sts")
     for year_folder in ("STS12", "STS12-en-test"):
         (tmp_path / "semeval" / year_folder).mkdir(parents=True)
         (tmp_path / "semeval" / year_folder / "STS.input.MSRpar.txt").write_text("A cat.\tA cat sits.\n")

@@ -1,0 +1,87 @@
+"""
+support/cpu_layers.py: model.py's layers on a CPU, for inference, with their linear products as oneDNN's. Swapped in
+by one visible line in embed.py and in evaluate_sts.py, the way gpt-fast's quantize.py swaps its linear layers;
+nothing else swaps anything, and `--no-onednn` leaves model.py's layers as they are.
+
+Each nn.Linear of the encoder's layers becomes oneDNN's product (torch.ops.mkldnn, the operations torch's own
+inductor emits on a CPU) with its weight laid out once in oneDNN's blocked format, where F.linear under bf16 autocast
+casts and lays it out again at every call; and BERT's and RoBERTa's feed-forward applies its GELU inside the up
+product, to the fp32 sums before they are rounded: one pass fewer over the widest activations of the layer, and one
+rounding. Attention, the LayerNorms and the residual sums run as model.py writes them. The figures:
+docs/measurements.md (all-MiniLM-L6-v2, a whole embed.py process, an AMX Xeon: about 1.3x model.py's own layers).
+"""
+import functools
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from support.cli import say
+
+OPS = ("_linear_pointwise", "_reorder_linear_weight")  # torch.ops.mkldnn's: private, so checked before use
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this torch has oneDNN and the operations above; where it has not, said once."""
+    ok = torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, op) for op in OPS)
+    if not ok:
+        say(f"note: torch {torch.__version__} lacks oneDNN's products (torch.ops.mkldnn.{OPS[0]}); model.py's own "
+            "layers run", file=sys.stderr)
+    return ok
+
+
+def swap_in(model, dtype):
+    """`model` for inference on a CPU in `dtype` (None: fp32; bf16): each of BERT's and RoBERTa's feed-forwards a
+    PackedFeedForward, every other nn.Linear of the layers a PackedLinear; in place, the weights copied as oneDNN
+    lays them out. A GPU, fp16 or a torch without oneDNN's products: the model as it is."""
+    on_cpu = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
+    if not on_cpu or not available():
+        return model
+    dtype = dtype or torch.float32
+    for layer in model.layers:
+        if fused(getattr(getattr(layer, "ffn", None), "act", None)):  # model.FeedForward (ModernBERT's is gated)
+            layer.ffn = PackedFeedForward(layer.ffn, dtype)
+        for module in list(layer.modules()):
+            for name, child in list(module.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(module, name, PackedLinear(child, dtype))
+    return model.eval()
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear as oneDNN's product in `dtype`, its weight laid out once (a copy, without a gradient) and, where
+    `activation` names one, the activation applied to the fp32 sums before they are rounded."""
+
+    def __init__(self, linear: nn.Linear, dtype, activation: tuple[str, str] = ("none", "")):
+        super().__init__()
+        self.dtype, (self.attr, self.algorithm) = dtype, activation
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), None)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+
+    def forward(self, x):
+        x = x.to(self.dtype)  # as autocast would cast it
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.attr, [], self.algorithm)
+
+
+class PackedFeedForward(nn.Module):
+    """model.FeedForward without dropout, ln(x + down(act(up(x)))), its activation inside up's product."""
+
+    def __init__(self, ffn, dtype):
+        super().__init__()
+        self.up = PackedLinear(ffn.up, dtype, fused(ffn.act))
+        self.down = PackedLinear(ffn.down, dtype)
+        self.ln = ffn.ln
+
+    def forward(self, x):
+        return self.ln(x + self.down(self.up(x)))
+
+
+def fused(act) -> tuple[str, str] | None:
+    """oneDNN's name for an activation it applies inside a product: GELU, exact (BERT's) or in its tanh form."""
+    if act is F.gelu:
+        return "gelu", "none"
+    if isinstance(act, functools.partial) and act.func is F.gelu and act.keywords == {"approximate": "tanh"}:
+        return "gelu", "tanh"
+    return None
