@@ -263,7 +263,7 @@ class Encoder(nn.Module):
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
             x = layer(x, packing)
-        return packing.unpack(self.final(x))  # (B, T, H); ModernBERT's pre-norm layers leave the last one's to do
+        return packing.unpack(self.final(x))  # (B, T, H); `final` normalises ModernBERT's last, pre-norm layer
 
     def mlm_logits(self, hidden):
         """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
