@@ -61,16 +61,37 @@ def ranges_path(out: Path) -> Path:
 
 
 def read_ranges(path: Path, hidden: int) -> np.ndarray:
-    """--ranges FILE: (2, hidden) floats, as embed.py writes them beside an int8 output; one line for anything else.
-    Never unpickled."""
+    """--ranges FILE: (2, hidden) floats, as embed.py writes them beside an int8 output; one line for anything else,
+    saying what the file is and what --ranges takes. Never unpickled."""
+    takes = f"--ranges takes the (2, {hidden}) .ranges.npy that embed.py --output-dtype int8 writes beside its output"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise UserError(f"--ranges {path}: cannot be read ({e.strerror}); {takes}") from None
+    if not head.startswith(b"\x93NUMPY"):  # an .npy file's magic
+        raise UserError(f"--ranges {path}: {_what_file(head)}, not an .npy file; {takes}")
     try:
         r = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"--ranges {path}: not a readable .npy file ({e})") from None
+        what = "holds Python objects, which are never unpickled" if "pickle" in str(e) else f"cannot be read ({e})"
+        raise UserError(f"--ranges {path}: {what}; {takes}") from None
     if r.shape != (2, hidden) or r.dtype.kind != "f" or not np.isfinite(r).all():
         raise UserError(f"--ranges {path}: holds {r.dtype} {r.shape}; a {hidden}-dimensional model's ranges are "
                         f"(2, {hidden}) finite floats, as embed.py writes them beside an int8 output")
     return r.astype(np.float32)
+
+
+def _what_file(head: bytes) -> str:
+    """What the first bytes of a file that is not an .npy say it is."""
+    if not head:
+        return "an empty file"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a character cut at the end of what was read
+            return "a binary file"
+    return "a text file"
 
 
 def similarities(a: np.ndarray, b: np.ndarray, precision: str) -> np.ndarray:

@@ -97,8 +97,11 @@ def test_evaluate_scores_each_dtype_as_sentence_transformers_would(tmp_path):
     (["--output", "OUT/e.jsonl", "--output-dtype", "int8"], "--output-dtype int8: for .npy only"),
     (["--output-dtype", "binary", "--ranges", "OUT/r.npy"], "--ranges: for --output-dtype int8 only"),
     (["--output-dtype", "int8", "--ranges", "OUT/bad.npy"], "--ranges OUT/bad.npy: holds float64 (3, 5); a 64-dim"),
-    (["--output-dtype", "int8", "--ranges", "OUT/obj.npy"], "--ranges OUT/obj.npy: not a readable .npy file"),
-    (["--output-dtype", "int8", "--ranges", "OUT/none.npy"], "--ranges OUT/none.npy: not a readable .npy file"),
+    (["--output-dtype", "int8", "--ranges", "OUT/obj.npy"], "--ranges OUT/obj.npy: holds Python objects, which are "
+                                                            "never unpickled; --ranges takes the (2, 64) .ranges.npy"),
+    (["--output-dtype", "int8", "--ranges", "OUT/none.npy"], "--ranges OUT/none.npy: cannot be read (No such file"),
+    (["--output-dtype", "int8", "--ranges", "OUT/in.txt"], "--ranges OUT/in.txt: a text file, not an .npy file; "
+                                                           "--ranges takes the (2, 64) .ranges.npy that embed.py"),
     (["--output-dtype", "int8"], "--output OUT/e.npy: its ranges OUT/e.ranges.npy exist; pass --overwrite"),
 ])
 def test_a_quantised_output_it_cannot_write_is_one_line(tmp_path, tiny, extra, says):
@@ -111,4 +114,5 @@ def test_a_quantised_output_it_cannot_write_is_one_line(tmp_path, tiny, extra, s
                            *argv], capture_output=True, text=True, timeout=120)
     err = done.stderr.replace(str(tmp_path), "OUT")
     assert done.returncode in (1, 2) and err.count("\n") == 1 and err.startswith("error: ") and says in err, err
+    assert "allow_pickle" not in err
     assert not (tmp_path / "e.npy").exists() and (tmp_path / "e.ranges.npy").read_bytes() == b"the user's own"
