@@ -105,8 +105,10 @@ def read_documents(files, stats, clean: bool = True, field: str = "text"):
     """Yield each document's text (cleaned unless clean=False); count in `stats` what is skipped (empty or null,
     binary, malformed) and what was repaired (undecodable bytes)."""
     for f in files:
-        texts = (t or "" for t in parquet_texts(f, field)) if f.name.endswith(".parquet") else _file_texts(f, stats,
-                                                                                                          field)
+        if f.name.endswith(".parquet"):  # an empty file is one empty document, as an empty .txt is
+            texts = (t or "" for t in parquet_texts(f, field)) if f.stat().st_size else [""]
+        else:
+            texts = _file_texts(f, stats, field)
         for text in texts:
             if text is None:
                 stats["malformed"] += 1
@@ -143,14 +145,16 @@ UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 def parquet_file(f: Path, field: str):
-    """A Parquet file (a Hugging Face dataset's) opened, its column `field` checked: only its footer is read. pyarrow
-    is imported only here; without it, or for a file that is not Parquet or a column missing or not strings, one
-    line."""
+    """A Parquet file (a Hugging Face dataset's) opened, its column `field` checked: only its footer is read; None for
+    an empty file (0 bytes), which holds no rows, as an empty .txt holds no text. pyarrow is imported only here;
+    without it, or for a file that is not Parquet or a column missing or not strings, one line."""
     try:
         import pyarrow.parquet as pq
         import pyarrow.types as pa_types
     except ImportError:
         raise UserError(f"{f}: reading Parquet needs pyarrow: pip install pyarrow") from None
+    if f.is_file() and f.stat().st_size == 0:
+        return None
     try:
         # Read a column chunk at a time (buffer_size), no row group ahead of time (pre_buffer): by default pyarrow
         # keeps every row group it has read, and a file larger than memory would not fit
@@ -162,6 +166,8 @@ def parquet_file(f: Path, field: str):
         raise UserError(f"{f}: no column '{field}' (it has {', '.join(schema.names[:8])}); --text-field names the "
                         f"column with the text")
     kind = schema.field(field).type
+    if pa_types.is_dictionary(kind):  # strings stored once each, the rows pointing at them (a pandas categorical)
+        kind = kind.value_type
     if not (pa_types.is_string(kind) or pa_types.is_large_string(kind) or str(kind) == "string_view"):
         raise UserError(f"{f}: column '{field}' holds {kind}, not strings")
     return source
@@ -171,9 +177,11 @@ def parquet_texts(f: Path, field: str, rows: int = 4096):
     """The column `field` of a Parquet file, each row's string or None for a null, read `rows` at a time within one
     row group: memory stays bounded on a file larger than it."""
     source = parquet_file(f, field)
+    if source is None:  # an empty file: no rows
+        return
     try:
         for batch in source.iter_batches(batch_size=rows, columns=[field]):
-            yield from batch.column(0).to_pylist()
+            yield from batch.column(0).to_pylist()  # a dictionary's rows as its strings
     except OSError as e:
         raise UserError(f"{f}: cannot read ({first_line(e)})") from None
 

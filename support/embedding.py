@@ -139,8 +139,13 @@ def spooled(inputs, folder: Path) -> dict[str, Path]:
 
 def count_rows(inputs, copies: dict, field: str = "text") -> int:
     """The texts of every input: a streaming first pass; a Parquet file's count is in its footer (none is decoded)."""
-    return sum(parquet_file(copies.get(p) or Path(p), field).metadata.num_rows if p.endswith(".parquet")
+    return sum(parquet_rows(copies.get(p) or Path(p), field) if p.endswith(".parquet")
                else sum(1 for _ in read_lines(Path(p), copies.get(p), field=field)) for p in inputs)
+
+
+def parquet_rows(path: Path, field: str) -> int:
+    source = parquet_file(path, field)
+    return 0 if source is None else source.metadata.num_rows  # an empty file: none
 
 
 def blocks(inputs, copies: dict, size: int, wanted=None, field: str = "text"):

@@ -105,6 +105,38 @@ def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny, monkeypatch):
     assert np.load(tmp_path / "two.npy").tobytes() == a.tobytes()
 
 
+def test_a_dictionary_column_and_an_empty_file_read_as_strings_and_as_an_empty_txt(tmp_path, tiny):
+    """A dictionary-encoded string column (a pandas categorical, as exported datasets often store text) is its
+    strings: the corpus and the rows of the plain column's file. A 0-byte .parquet in a folder is skipped and
+    counted as an empty document, as a 0-byte .txt beside it is; given to embed.py, it holds no rows, as a 0-byte .txt
+    holds none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support.hub import load_tokenizer
+
+    tok, docs = load_tokenizer(tiny), texts(60)
+    plain = write_parquet(tmp_path / "plain.parquet", docs)
+    coded = tmp_path / "coded.parquet"
+    pq.write_table(pa.table({"text": pa.array(docs, type=pa.string()).dictionary_encode()}), coded)
+    assert pa.types.is_dictionary(pq.ParquetFile(coded).schema_arrow.field("text").type)
+    a, b = (prepare_corpus([f], tok, str(tmp_path / "c")) for f in (plain, coded))
+    assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)) and a.meta["documents"] == 57
+    for f in (plain, coded):
+        E.main(["--model", str(tiny), str(f), "--output", str(tmp_path / f"{f.stem}.npy"), "--dtype", "fp32"])
+    assert np.load(tmp_path / "coded.npy").tobytes() == np.load(tmp_path / "plain.npy").tobytes()
+    for name in ("empty.parquet", "empty.txt"):
+        folder = tmp_path / name.replace(".", "-")
+        folder.mkdir()
+        write_parquet(folder / "docs.parquet", docs)
+        (folder / name).write_bytes(b"")
+        c = prepare_corpus([folder], tok, str(tmp_path / "c"))
+        assert (c.meta["files"], c.meta["documents"], c.meta["empty"]) == (2, 57, 4), name
+        E.main(["--model", str(tiny), str(folder / name), str(plain), "--output", str(folder / "e.npy"),
+                "--dtype", "fp32"])
+        assert np.load(folder / "e.npy").tobytes() == np.load(tmp_path / "plain.npy").tobytes()
+
+
 @pytest.mark.parametrize("what, says", [
     ("not-parquet", "not a readable Parquet file"),
     ("no-column", "no column 'text' (it has body)"),
