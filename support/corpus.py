@@ -73,7 +73,7 @@ def read_lines(path: Path, copy: Path | None = None, skipping=None, field: str =
     text. One line for what cannot be read. skipping(), asked before each row: where it says True the row is None,
     neither decoded (.txt) nor parsed (.jsonl), as a process passes over the blocks that others embed."""
     src, name = copy or path, "stdin" if str(path) == "-" else str(path)
-    jsonl = ".jsonl" in Path(name).name
+    jsonl = ".jsonl" in Path(src).name  # a copy's name says what its input's name or first line said
     if name.endswith(".parquet"):
         for text in parquet_texts(Path(src), field):
             yield None if skipping and skipping() else "" if text is None else text

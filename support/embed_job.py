@@ -12,7 +12,7 @@ takes it, so the rows are those of one uninterrupted process. While a job into o
       rows.npy                 .npy: the output at its full size, each block's rows written at their offset
       block-00000007.jsonl     .jsonl: one block's rows, named once written; joined in input order at the end
       done-R-HOST-PID          the blocks one process finished, a line each, written once their rows are on disk
-      0-stdin.txt              standard input or a pipe, copied once (a job of one process)
+      0-stdin.txt              standard input or a pipe, copied once (a job of one process; .jsonl: JSON lines)
       .declutr.lock            held by the job's first process while it runs: a second job into out.npy is refused
 
 The processes meet in torchrun's store (support/processes.py), which hands out the blocks one at a time to whichever
@@ -139,7 +139,7 @@ class Job:
                     shutil.rmtree(p) if p.is_dir() else p.unlink()
         folder.mkdir(exist_ok=True)
         lock_run_folder(folder, said_as=f"--output {self.out}")
-        copies = embedding.spooled(cfg.inputs, folder)
+        copies = embedding.spooled(cfg.inputs, folder, cfg.text_field)
         if (rows := embedding.count_rows(cfg.inputs, copies, cfg.text_field)) == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
         write_json(folder / "job.json", {"rows": rows, "inputs": describe_inputs(cfg.inputs, copies),
@@ -158,7 +158,7 @@ class Job:
     def _resumed(self) -> dict:
         cfg, folder = self.cfg, self.folder
         saved = read_json(folder / "job.json")
-        copies = embedding.spooled(cfg.inputs, folder)  # standard input again, to be checked against the first
+        copies = embedding.spooled(cfg.inputs, folder, cfg.text_field)  # stdin again: checked against the first
         check_unchanged(saved, {"inputs": describe_inputs(cfg.inputs, copies), **self.rows_from}, self.out)
         rows = saved["rows"]
         done = recorded(folder, -(-rows // self.size), self.npy)

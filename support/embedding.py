@@ -5,6 +5,7 @@ texts finished. Where the blocks' rows go is support/embed_job.py's.
 """
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -14,8 +15,8 @@ import numpy as np
 import torch
 
 from support import quantize
-from support.cli import UserError
-from support.corpus import parquet_file, read_lines
+from support.cli import UserError, say
+from support.corpus import SUFFIXES, parquet_file, read_lines
 from support.device import check_compile, pad_rows, to_device
 from support.files import path_kind
 
@@ -124,17 +125,38 @@ def check_paths(cfg, out: Path, world: int = 1):
         raise UserError(f"{out}: cannot write into {out.parent}")
 
 
-def spooled(inputs, folder: Path) -> dict[str, Path]:
+def spooled(inputs, folder: Path, field: str = "text") -> dict[str, Path]:
     """Standard input and pipes (`<(zcat a.gz)`) copied once into `folder`: both passes read them, the first to count
-    the rows (the output's size is known before its first row is written)."""
+    the rows (the output's size is known before its first row is written). A copy's name keeps the format its
+    input's name says (.jsonl, .gz); where the name says none (standard input, /dev/fd/63), a first line that is a JSON
+    object makes it JSON lines, said in one line, else a text a line: the markup is never embedded as text."""
     copies = {}
     for k, p in enumerate(dict.fromkeys(inputs)):
         if p == "-" or path_kind(Path(p)) == "pipe":
-            copies[p] = folder / f"{k}-{'stdin.txt' if p == '-' else Path(p).name}"  # its name says .jsonl, .gz
+            copy = folder / f"{k}-{'stdin' if p == '-' else Path(p).name}"
             with open(p, "rb") if p != "-" else contextlib.nullcontext(sys.stdin.buffer) as src:
-                with open(copies[p], "wb") as f:
+                with open(copy, "wb") as f:
                     shutil.copyfileobj(src, f)
+            if not copy.name.endswith(SUFFIXES):
+                jsonl = json_lines(copy)
+                copy = copy.rename(copy.with_name(copy.name + (".jsonl" if jsonl else ".txt")))
+                if jsonl:
+                    say(f"{p}: its first line is a JSON object: read as JSON lines, each one's '{field}' a text",
+                        file=sys.stderr)
+            copies[p] = copy
     return copies
+
+
+def json_lines(path: Path) -> bool:
+    """Whether the first line that is not blank is a JSON object."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    return isinstance(json.loads(raw.decode("utf-8-sig", errors="replace")), dict)
+                except ValueError:
+                    return False
+    return False
 
 
 def count_rows(inputs, copies: dict, field: str = "text") -> int:

@@ -2,6 +2,7 @@
 import copy
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -345,6 +346,33 @@ def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     rows = [json.loads(line)["embedding"] for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and abs(np.linalg.norm(rows[2]) - 1) < 1e-5
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
+
+
+def test_json_lines_through_a_pipe_are_read_as_json_lines(tmp_path, tiny):
+    """A pipe or standard input has no name to say its format (`<(zcat x.jsonl.gz)` is /dev/fd/63): a first line that
+    is a JSON object makes it JSON lines, said in one line, and the rows are those of the same .jsonl file, not of its
+    markup as text; JSON objects without the text field are one line naming the field; plain text stays text."""
+    import threading
+
+    lines = [json.dumps({"text": t, "id": i}) for i, t in enumerate(["a cat sat", "a dog barked", "the moon"])]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    r = run("--model", tiny, tmp_path / "t.jsonl", "--output", tmp_path / "file.npy", "--dtype", "fp32")
+    assert r.returncode == 0, r.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("\n".join(lines) + "\n"))
+    writer.start()
+    r = run("--model", tiny, fifo, "--output", tmp_path / "pipe.npy", "--dtype", "fp32")
+    writer.join()
+    assert r.returncode == 0 and f"{fifo}: its first line is a JSON object: read as JSON lines" in r.stderr, r.stderr
+    r = run("--model", tiny, "-", "--output", tmp_path / "stdin.npy", "--dtype", "fp32", stdin="\n".join(lines))
+    assert r.returncode == 0 and "-: its first line is a JSON object" in r.stderr, r.stderr
+    for name in ("pipe.npy", "stdin.npy"):
+        assert np.load(tmp_path / name).tobytes() == np.load(tmp_path / "file.npy").tobytes()
+    r = run("--model", tiny, "-", "--output", tmp_path / "body.npy", stdin='{"body": "a cat"}\n')
+    assert r.returncode == 1 and r.stderr.endswith("error: stdin:1: not a JSON object with a string field 'text'\n")
+    r = run("--model", tiny, "-", "--output", tmp_path / "plain.npy", stdin="{a cat}\nsat\n")
+    assert r.returncode == 0 and np.load(tmp_path / "plain.npy").shape[0] == 2 and "JSON" not in r.stderr
 
 
 def test_gzipped_inputs_read_as_train_py_reads_them(tmp_path, tiny):
