@@ -163,6 +163,10 @@ class SpanBatches(torch.utils.data.Dataset):
         self.random_ids = np.setdiff1d(np.arange(tok.get_vocab_size()), list(self.special.values()))
         # l_max counts the span inside <s> ... </s>: lowered, if need be, to fit the model's positions with them
         self.max_span = min(cfg.max_span, max_tokens - 2)
+        if cfg.min_span > self.max_span:  # every span would be l_max long: §3.2's lengths would not be sampled
+            raise UserError(f"--min-span {cfg.min_span}: the model's {max_tokens:,} positions hold spans of at most "
+                            f"{self.max_span:,} tokens with <s> and </s>, so every span would be that long; pass "
+                            f"--min-span below {self.max_span:,}", code=2)
         # The original's rule: a document of n tokens gives A anchors in non-neighbouring blocks of l_max when
         # n >= 2·A·l_max; --scale-short-docs takes shorter ones too, their l_max lowered to n / 2A (max_span_of)
         shortest = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)

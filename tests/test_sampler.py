@@ -316,6 +316,10 @@ def test_spans_fit_the_models_positions(tmp_path, tok, capsys):
     assert max(int(sb[s]["anchor_lengths"].max()) for s in range(sb.steps_per_epoch)) <= 66
     sb = S.SpanBatches(c, tok, small_cfg(max_span=512, min_span=8), max_tokens=66)  # the default: lowered quietly
     assert "using" not in capsys.readouterr().err and sb.max_span == 64
+    # l_min above the lowered l_max would make every span l_max long: refused, not clamped without a word
+    with pytest.raises(UserError, match="--min-span 65: the model's 66 positions hold spans of at most 64 tokens"):
+        S.SpanBatches(c, tok, small_cfg(max_span=100, min_span=65), max_tokens=66)
+    assert S.SpanBatches(c, tok, small_cfg(max_span=100, min_span=64), max_tokens=66).max_span == 64  # l_min = l_max
 
 
 def test_shards_disjoint_covering_and_seeded(tmp_path, tok):
