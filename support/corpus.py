@@ -45,6 +45,16 @@ def list_files(paths) -> list[Path]:
     return files
 
 
+def data_files(paths, field: str = "text") -> list[Path]:
+    """list_files(paths), each Parquet file's column checked (pyarrow installed, the column there, strings), reading
+    only their footers: what the documents need, said before a model loads or a corpus is prepared."""
+    files = list_files(paths)
+    for f in files:
+        if f.name.endswith(".parquet"):
+            parquet_file(f, field)
+    return files
+
+
 def clean_text(text: str) -> str:
     """The original DeCLUTR's cleaning: every run of whitespace (spaces, tabs, newlines) becomes one space. Without it
     a byte-level BPE spends about a tenth of its tokens on whitespace, which would count toward span lengths and be
@@ -238,10 +248,7 @@ class Corpus:
 def prepare_corpus(paths, tok, cache: str = "", clean: bool = True, field: str = "text") -> Corpus:
     """Tokenise the documents under `paths` once (batched over every core, whitespace cleaned unless clean=False)
     into a cached memmap; `field`: the text's in .jsonl and .parquet files."""
-    files = list_files(paths)
-    for f in files:  # a bad Parquet file is one line before any work starts
-        if f.name.endswith(".parquet"):
-            parquet_file(f, field)
+    files = data_files(paths, field)  # a bad Parquet file is one line before any work starts
     # The cache key: the tokenizer, the cleaning, the text's field where it is not "text", each file's path, size, time
     key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw")
                          + (b"" if field == "text" else f"\0field={field}".encode()))

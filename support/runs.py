@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from support.cli import UserError, first_line, flag, say
+from support.corpus import data_files
 from support.demo import demo_config
 from support.device import device_name
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
@@ -206,7 +207,7 @@ def restarted() -> bool:
 
 def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
     """(the run's configuration, its folder, the checkpoint it continues from or None): the demo's settings without
-    --data, and torch's CPU threads set (run_threads). Deletes nothing. Rank 0
+    --data, torch's CPU threads set (run_threads), and the documents' files checked. Deletes nothing. Rank 0
     decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
     from its own --out, or the whole run stops before its first step, every rank with the same line. load_model(path)
     -> (encoder, tokenizer); resumable: the fields a resume may take from the command line."""
@@ -240,6 +241,7 @@ def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
     if cfg.docs_per_step % proc.world:
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {proc.world} ranks", code=2)
     cfg = replace(cfg, threads=run_threads(cfg, "threads" in given, resume_from, proc))  # stored with the run
+    data_files(cfg.data, cfg.text_field)  # what the documents need (pyarrow for Parquet), before any model loads
     return cfg, out, resume_from
 
 

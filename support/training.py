@@ -5,6 +5,7 @@ agreement to stop after a SIGTERM, the step's numbers into metrics.jsonl, read o
 that a GPU never waits for the log, STS-B dev and the best model, checkpoints and their barrier; and a failure as
 one line. The run folder, resuming and processes are support/runs.py's and support/processes.py's.
 """
+import contextlib
 import functools
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -152,9 +153,15 @@ class Run:
             dist.barrier()
 
     def close(self):
-        """However the run ends: the loader's workers ended now, and DDP, which holds the process group, let go of."""
+        """However the run ends: the last step's numbers logged (they wait for the next step to be on its way, so a
+        stop between the two would leave metrics.jsonl a step short of the step the run says it stopped after), the
+        loader's workers ended now, and DDP, which holds the process group, let go of."""
         if self.loader is not None:
             self.loader.close()
+        if self.log is not None and self.before is not None:
+            with contextlib.suppress(Exception):  # never in the way of what ends the run
+                self.log_step(self.before)
+            self.before = None
         if self.log is not None:
             self.log.close()
         self.model = self.loader = self.log = None

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import embed as E
 from conftest import ROOT, WORDS, oracle
@@ -163,6 +164,23 @@ def test_a_bad_parquet_file_is_one_line(tmp_path, tiny, what, says, script):
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"error: {f}: ") and says in done.stderr, done.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "e.npy").exists()
+
+
+def test_train_says_what_the_documents_need_before_it_loads_a_model(tmp_path, tiny, monkeypatch):
+    """Without pyarrow, train.py on Parquet documents says so before it loads the model (a hub model may be gigabytes
+    to download): the model is never asked for."""
+    import train
+
+    write_parquet(tmp_path / "d.parquet", texts(20))
+    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.types"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: importing it fails
+    loaded = []
+    monkeypatch.setattr(train, "load_pretrained", lambda *a, **k: loaded.append(a))
+    with pytest.raises(UserError, match="reading Parquet needs pyarrow: pip install pyarrow"):
+        train.setup(train.TrainConfig(model=str(tiny), data=[str(tmp_path / "d.parquet")], out=str(tmp_path / "run"),
+                                      cache_dir=str(tmp_path / "c")), {"model", "data", "out"},
+                    train.Process(0, 0, 1, torch.device("cpu")))
+    assert loaded == [] and not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_a_file_is_read_a_row_group_at_a_time(tmp_path):

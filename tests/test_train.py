@@ -552,6 +552,9 @@ def test_ctrl_c_is_one_line_with_the_checkpoint(tmp_path, docs, reap, workers):
     assert "Traceback" not in err and err.count("error: ") == 1, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: interrupted after step ") and "step-00000004" in last and "--resume" in last
+    step = int(re.match(r"error: interrupted after step (\d+)", last).group(1))
+    logged = [json.loads(line)["step"] for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, step + 1))  # the log ends at the step the line names: one count
 
 
 @pytest.mark.slow
