@@ -341,13 +341,17 @@ def say_replanned(resume_from: Resume, total: int, steps_per_epoch: int, lr_at):
 
 
 def check_length(total: int, steps_per_epoch: int, cfg, resume_from: Resume | None, most: int):
-    """A run of `total` steps that can be trained: at most `most`, and past the step a resume starts at."""
+    """A run of `total` steps that can be trained: at most `most`, and not before the step a resume starts at (at
+    it: nothing left to train, the run finishes from its checkpoint)."""
     if total > most:
         raise UserError(f"--epochs {cfg.epochs}: {total:,} steps of {steps_per_epoch:,} per epoch; a run takes at "
                         f"most {most:,} (pass --steps)", code=2)
-    if resume_from and resume_from.step >= total and not resume_from.restart:
+    if resume_from and resume_from.step > total and not resume_from.restart:
         raise UserError(f"{cfg.out}: the run is at step {resume_from.step} of {total}; pass --steps N (more than "
                         f"{resume_from.step}) to train it further")
+    if resume_from and resume_from.step == total:  # stopped after its last checkpoint, before its model was written
+        say(f"{cfg.out}: the run trained all its {total:,} steps; its last checkpoint ({resume_from.path.name}) is "
+            f"its final model (pass --steps N, more than {total:,}, to train it further)")
 
 
 def begin(proc: Process, out: Path, resume_from: Resume | None, ddp_timeout: int):

@@ -495,9 +495,17 @@ def test_resume_extends_with_steps_and_refuses_other_flags(tmp_path, docs, capsy
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("error: ") == 1 and f"{flag[0]} cannot change when resuming" in err
     assert snapshot(out) == before  # nothing of the run touched
-    with pytest.raises(SystemExit) as e:  # a finished run needs more steps to go on
-        T.main(["--out", str(out), "--resume"])
-    assert e.value.code == 1 and "is at step 4 of 4; pass --steps" in capsys.readouterr().err
+    # Killed after its last checkpoint, before its model was written: --resume finishes it from that checkpoint
+    shutil.rmtree(out / "model")
+    T.main(["--out", str(out), "--resume"])
+    printed = capsys.readouterr().out
+    assert "the run trained all its 4 steps; its last checkpoint (step-00000004) is its final model" in printed
+    assert (out / "model" / "model.safetensors").read_bytes() == (
+        out / "checkpoints" / "step-00000004" / "model.safetensors").read_bytes()
+    assert (out / "model" / "README.md").exists() and [s for s, *_ in trace(out)] == [1, 2, 3, 4]
+    with pytest.raises(SystemExit) as e:  # fewer steps than it has trained: nothing to finish
+        T.main(["--out", str(out), "--resume", "--steps", "3"])
+    assert e.value.code == 1 and "is at step 4 of 3; pass --steps" in capsys.readouterr().err
     T.main(["--out", str(out), "--resume", "--steps", "6", "--log-every", "3"])  # today: silently stopped at 4
     printed, cfg = capsys.readouterr().out, T.TrainConfig()  # the run's lr and schedule are the defaults
     lr_at = functools.partial(T.lr_at, lr=cfg.lr, cut_frac=cfg.warmup_frac, ratio=cfg.lr_ratio)
