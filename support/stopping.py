@@ -7,13 +7,16 @@ checkpoint to go on from and the command that does.
 import contextlib
 import gc
 import math
+import os
 import signal
+import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from support.cli import UserError, first_line
+from support.cli import UserError, first_line, say
 from support.runs import last_checkpoint, layout, release_run_folders, resume_command
 
 
@@ -38,7 +41,7 @@ class Life:
     """The SIGTERM handler lifetime() installs, and the run it stops once watch() hands the handler to it."""
 
     def __init__(self):
-        self.run, self.stop = None, StopOnSigterm()
+        self.run, self.stop, self.ending = None, StopOnSigterm(), False
 
     def watch(self, run):
         self.run, run.stop = run, self.stop
@@ -53,9 +56,11 @@ def lifetime():
     life = Life()
     handled = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
     previous = signal.signal(signal.SIGTERM, life.stop) if handled else None
+    watching = watch_set_up(life) if handled else None
     try:
         yield life
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: one line, the checkpoint to resume from
+        life.ending = True
         raise stopped(life.run, isinstance(e, Terminated)) from None
     except RuntimeError as e:  # a collective outside a step (setup, the last barrier) whose peer is gone
         if not peer_gone(e):
@@ -64,6 +69,7 @@ def lifetime():
         raise UserError(f"rank {rank}: another rank stopped ({first_line(e)}); last checkpoint: "
                         f"{last_checkpoint(life.run) if life.run else 'none yet'}", alone=True) from None
     finally:
+        life.ending = True
         if life.run is not None:  # its workers ended now, in a bounded time, and DDP let go of (below)
             life.run.close()
         if handled:  # torchrun's SIGTERM to the others when one rank fails must not end this one before its line
@@ -74,6 +80,41 @@ def lifetime():
             dist.destroy_process_group()
         if handled:
             signal.signal(signal.SIGTERM, previous)
+            watching()
+
+
+def watch_set_up(life: Life, grace: float = 3.0):
+    """Ctrl-C or SIGTERM before training while the main thread waits inside a C call (the process group's set-up
+    waiting for a rank that died, torchrun's store): Python runs a handler only between the main thread's bytecodes,
+    so the process would sit there, deaf, until torchrun kills it 30 s later. The C handler writes the signal to
+    Python's wakeup fd at once, where a thread of ours reads it; if the main thread has not begun to end `grace` seconds
+    later, the thread says the run's one line and ends the process, as the signal's default would (before training
+    there is nothing to save). Returns what puts things back."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch():
+        while data := os.read(read, 64):  # empty once the write end is closed
+            if (signal.SIGINT in data or signal.SIGTERM in data) and not life.stop.training:
+                deadline = time.time() + grace
+                while not life.ending and time.time() < deadline:
+                    time.sleep(0.05)
+                if not life.ending:
+                    e = stopped(life.run, signal.SIGTERM in data)
+                    say(f"error: {e}", file=sys.stderr, every_machine=True)
+                    os._exit(e.code)
+        os.close(read)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+
+    def put_back():
+        signal.set_wakeup_fd(before)
+        os.close(write)
+        thread.join(timeout=5)  # ended before the interpreter is: a thread it stops midway can abort the process
+
+    return put_back
 
 
 def stopped(run, sigterm: bool) -> UserError:

@@ -1,5 +1,7 @@
 """Run by tests/test_stopping.py under torchrun: train.py, with rank 1 killed (SIGKILL, as the OOM killer does) at
 the point $DIE_AT names, so that rank 0 meets it in the collective it waits in there:
+  setup       before the process group is up: rank 0 waits inside its set-up, in a C call, where torchrun's SIGTERM
+              finds it
   step        before rank 1's third step: rank 0 waits in the step's all-reduces
   agreement   after rank 1's third optimizer step: rank 0 waits in the SIGTERM agreement
   checkpoint  at the first checkpoint: rank 0 writes it, then waits in the barrier after it
@@ -12,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train  # noqa: E402
-from support import stopping  # noqa: E402
+from support import runs, stopping  # noqa: E402
 from support.training import Run  # noqa: E402
 
 POINT, RANK = os.environ["DIE_AT"], int(os.environ["RANK"])
@@ -38,6 +40,7 @@ def wrap(owner, name, before=None, after=None):
 
 
 if RANK == 1:
+    wrap(runs, "begin", before=lambda: POINT == "setup")
     wrap(train, "train_step", before=lambda: steps.append(1) or (POINT == "step" and len(steps) == 3))
     wrap(stopping, "agreed_stop", before=lambda: POINT == "agreement" and len(steps) == 3)
     wrap(Run, "save_checkpoint", before=lambda: POINT == "checkpoint")

@@ -221,6 +221,25 @@ def test_a_resumed_run_keeps_its_thread_count(tmp_path, docs, monkeypatch, capsy
 
 
 @pytest.mark.slow
+def test_a_rank_killed_during_set_up_ends_the_other_in_seconds(tmp_path, docs, sessions, monkeypatch):
+    """kill -9 of rank 1 before the process group is up (tests/die_at.py's "setup"): rank 0 waits inside the set-up's
+    C call, where a Python handler cannot run, and torchrun's SIGTERM would go unheard until its SIGKILL 30 s later.
+    Rank 0 says its one line within seconds of torchrun's SIGTERM, and nothing is left running."""
+    monkeypatch.setenv("DIE_AT", "setup")
+    p = start(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "tests" / "die_at.py"),
+                       *run_args(docs, tmp_path / "r", "--steps", "4")), stdout=subprocess.PIPE,
+              stderr=subprocess.STDOUT)
+    sessions(p.pid)
+    lines = Lines(p.stdout)
+    p.wait(timeout=60)
+    ours = lines.ours()
+    sampler = next(t for t, s in lines.lines if s.startswith("sampler:")) - lines.t0  # just before the set-up waits
+    assert p.returncode != 0 and [s for _, s in ours] == ["error: terminated (SIGTERM) before training began"], ours
+    assert ours[0][0] - sampler < 15, (sampler, ours)  # torchrun alone would take 30 s and more
+    assert gone_within(p.pid, 10) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["step", "agreement", "checkpoint", "evaluation", "end"])
 def test_a_rank_killed_in_any_collective_is_one_line_from_the_other(tmp_path, docs, sessions, point, monkeypatch):
     """kill -9 of rank 1 under torchrun, wherever rank 0 then waits for it (tests/die_at.py): in the step's
