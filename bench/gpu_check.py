@@ -773,9 +773,20 @@ def failed(check: Check, key: str, e: BaseException, t: float):
     check.record(key, status=f"failed: {type(e).__name__}: {why}", seconds=time.time() - t)
 
 
+def earlier(path: Path, sections: str) -> dict:
+    """What an earlier run left in --json of the sections this one does not run: `--sections ij` after a whole run
+    keeps a-h's results beside its own (the summary then covers them all)."""
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in before.items() if k in SECTIONS and k not in sections} if isinstance(before, dict) else {}
+
+
 def summarise(check: Check, sections: str, t0: float):
     """pass, FAIL (ran, and a result is wrong), failed: ... (raised), skipped: ..., cut short or not run; as JSON and
-    a table."""
+    a table; over the sections run now and those an earlier run left (earlier())."""
+    sections = "".join(k for k in SECTIONS if k in sections or k in check.results) or sections
     summary = {}
     for key in sections:
         r = check.results.get(key, {})
@@ -810,9 +821,13 @@ def main():
     if json_path.is_dir() or not existing.is_dir():
         why = "is a folder" if json_path.is_dir() else f"{existing} is not a folder"
         sys.exit(f"error: --json {json_path}: {why}")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a read-only file system, say
+        sys.exit(f"error: --json {json_path}: cannot make {folder} ({e.strerror})")
     if not os.access(folder, os.W_OK):
         sys.exit(f"error: --json {json_path}: cannot write into {folder}")
+    kept = earlier(json_path, args.sections)  # read before this run writes its first result over them
 
     def terminated(signum, frame):
         raise Terminated
@@ -824,6 +839,7 @@ def main():
     try:
         with time_limit(SETUP_LIMIT * scale):
             check = Check(args.dry_run, Path(args.json))
+        check.results.update(kept)
         check.record("setup", device=torch.cuda.get_device_name(check.dev) if not args.dry_run else "cpu (dry run)",
                      torch=torch.__version__, python=platform.python_version(), shape=check.shape,
                      setup_s=time.time() - t0)

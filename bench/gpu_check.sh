@@ -15,8 +15,12 @@ else
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 if [[ -n "${OUT:-}" ]]; then
-    mkdir -p "$OUT"
-    timeout --kill-after=20 "$limit" "$py" -u bench/gpu_check.py "$@" 2>&1 | tee "$OUT/gpu_check.log"
+    if ! mkdir -p "$OUT" 2>/dev/null || [[ ! -w "$OUT" ]]; then
+        echo "error: OUT=$OUT: cannot make or write that folder" >&2
+        exit 1
+    fi
+    # appended: a rerun of some sections (--sections) keeps the earlier run's log, as the JSON keeps its results
+    timeout --kill-after=20 "$limit" "$py" -u bench/gpu_check.py "$@" 2>&1 | tee -a "$OUT/gpu_check.log"
     exit "${PIPESTATUS[0]}"
 fi
 exec timeout --kill-after=20 "$limit" "$py" -u bench/gpu_check.py "$@"

@@ -640,7 +640,44 @@ def test_the_gpu_checks_results_go_under_out_where_it_is_set(monkeypatch, tmp_pa
     monkeypatch.delenv("OUT")
     assert gpu_check.arguments([]).json == str(ROOT / "runs" / "gpu_check.json")
     shell = (ROOT / "bench" / "gpu_check.sh").read_text()
-    assert 'tee "$OUT/gpu_check.log"' in shell and "command -v python3" in shell
+    assert 'tee -a "$OUT/gpu_check.log"' in shell and "command -v python3" in shell
+
+
+def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_line(tmp_path, monkeypatch):
+    """`--sections ij` after a whole run (the documented way to rerun some) keeps a-h's results in the JSON and the
+    summary, its own replacing i and j's; the log is appended to. $OUT, or --json, under a folder that cannot be made
+    (a read-only file system) is one line, exit 1, no traceback."""
+    gpu_check = bench_script("gpu_check")
+    out = tmp_path / "gpu_check.json"
+    before = {k: {"status": "ok", "passed": True, "seconds": 1} for k in gpu_check.SECTIONS} | {"summary": {"a": "x"}}
+    before["i"] = {"status": "ok", "passed": False, "seconds": 1}
+    out.write_text(json.dumps(before))
+
+    class Light(gpu_check.Check):
+        def __init__(self, dry, path):  # none of the real set-up: the sections below need none
+            self.dry, self.out, self.results, self.dev, self.shape = dry, path, {}, torch.device("cpu"), "tiny"
+
+    def passes(key):
+        def section(check):
+            """(x) a section that passes"""
+            check.record(key, passed=True)
+        return section
+
+    monkeypatch.setattr(gpu_check, "Check", Light)
+    monkeypatch.setattr(gpu_check, "SECTIONS", {k: (passes(k), 5) for k in gpu_check.SECTIONS})
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--dry-run", "--sections", "ij", "--json", str(out)])
+    gpu_check.main()
+    after = json.loads(out.read_text())
+    assert {k: after[k] for k in "abcdefgh"} == {k: before[k] for k in "abcdefgh"}
+    assert after["summary"] | {"seconds": 0} == {k: "pass" for k in gpu_check.SECTIONS} | {"seconds": 0}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # its python3: the tests' own
+    for out_dir, args in (("/proc/no/such", []), (str(tmp_path), ["--json", "/proc/no/such/r.json"])):
+        done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", *args], capture_output=True,
+                              text=True, env={**os.environ, "OUT": out_dir, "PATH": path}, timeout=120)
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, lines
+        assert lines[-1].startswith(("error: OUT=/proc/no/such: cannot make", "error: --json /proc/no/such/r.json: "
+                                     "cannot make")), lines
 
 
 def test_the_gpu_checks_peak_is_the_gpus_own_and_its_steps_are_timed_without_host_copies(monkeypatch):
