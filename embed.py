@@ -46,7 +46,8 @@ class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.
     normalize: bool = flag(False, "unit vectors, so that dot products are cosines")
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
     batch_tokens: int = flag(0, "padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on a GPU", low=0)
-    block: int = flag(16384, "texts read, sorted and embedded at a time: bounds memory for inputs of any size", low=1)
+    block: int = flag(16384, "texts read, sorted and embedded at a time (fewer where texts are long: about 32M "
+                             "characters a block on average): bounds memory for inputs of any size", low=1)
     compile: bool = flag(False, "torch.compile the encoder (inductor), for long jobs. On a 2-core AMX Xeon it never "
                                 "paid: its graphs take ~50 s, then run no faster (1,000,000 lines: 371-379 s, "
                                 "default 317-320); on a GPU not yet measured")
@@ -55,17 +56,17 @@ class EmbedConfig(OnDevice):  # --dtype, --device and --threads (support.device.
         embedding.check_flags(self)  # one line for a combination of flags that cannot be
 
 
-def _segments(ids: list[int], max_tokens: int, long: str) -> list[list[int]]:
+def _segments(ids, max_tokens: int, long: str) -> list:
     """One text's ids (with its special tokens) -> the pieces to embed: itself, truncated, or overlapping windows."""
     if len(ids) <= max_tokens:
         return [ids]
     head, body, tail = ids[:1], ids[1:-1], ids[-1:]
     w = max_tokens - 2
     if long == "truncate":
-        return [head + body[:w] + tail]
+        return [np.concatenate([head, body[:w], tail])]
     step = max(1, w // 2)  # half-window overlap: every token sits inside some window away from its edges
     starts = list(range(0, len(body) - w, step)) + [len(body) - w]
-    return [head + body[s:s + w] + tail for s in starts]
+    return [np.concatenate([head, body[s:s + w], tail]) for s in starts]
 
 
 @dataclass
@@ -77,13 +78,14 @@ class Tokenized:
 
 
 def tokenize(texts, tok, max_tokens: int, long: str = "truncate") -> Tokenized:
-    encodings = getattr(tok, "encode_batch_fast", tok.encode_batch)(list(texts))  # all cores, no character offsets
-    pieces, owner = [], []
-    for i, e in enumerate(encodings):
-        segs = _segments(e.ids, max_tokens, long)
+    """Texts -> their pieces. Truncated, a long text is tokenised only as far as the model reads it (support/
+    embedding.py's token_ids: the same ids, in bounded memory); in windows, all of it."""
+    texts, pieces, owner = list(texts), [], []
+    for i, ids in enumerate(embedding.token_ids(texts, tok, max_tokens if long == "truncate" else None)):
+        segs = _segments(ids, max_tokens, long)
         pieces += segs
         owner += [i] * len(segs)
-    return Tokenized(pieces, np.asarray(owner, dtype=np.int64), len(encodings))
+    return Tokenized(pieces, np.asarray(owner, dtype=np.int64), len(texts))
 
 
 def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate", normalize: bool = False,

@@ -93,7 +93,7 @@ def today(text: Path, out: Path, model_dir: Path, block: int):
     header, then each block's rows appended in order, nothing flushed or recorded."""
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
     dtype = device_and_dtype("cpu", "auto")[1]  # as the job's --dtype auto: bf16 on a CPU with AVX512-BF16 or AMX
-    n = embedding.count_rows([str(text)], {})
+    n = embedding.count_rows([str(text)], {})[0]
     with open(out, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
@@ -152,7 +152,7 @@ def keeping(text: Path, model_dir: Path, folder: Path, repeats: int, blocks: lis
 
 def killed(text: Path, model: Path, folder: Path, block: int):
     print("3. killed (SIGTERM) at half its rows, then --resume, against one uninterrupted job (one process, 2 threads)")
-    out, rows = folder / "killed.npy", embedding.count_rows([str(text)], {})
+    out, rows = folder / "killed.npy", embedding.count_rows([str(text)], {})[0]
     args = ["--model", model, text, "--output", out, "--block", block, "--threads", 2]
     t0 = time.perf_counter()
     subprocess.run(command(1, *args[:4], folder / "whole.npy", *args[5:]), check=True, capture_output=True)

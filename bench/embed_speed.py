@@ -8,7 +8,7 @@ busy process against alone. Names the processor it ran on.
 
     python bench/embed_speed.py --backends-python ~/venvs/backends/bin/python    # every arm, about 45 min on 2 cores
     python bench/embed_speed.py --lines 11498 --repeats 1                         # quicker
-    python bench/embed_speed.py --memory 1000000    # peak memory of embed.py over 100,000 and 1,000,000 lines
+    python bench/embed_speed.py --memory 1000000    # peak memory: 100,000 and 1,000,000 lines, 1,888 books
     python bench/embed_speed.py --lines 1000000 --repeats 2 --arms "embed.py, default" "embed.py --compile"
 
 Arms: embed.py by default (--dtype auto: bf16 on a CPU with AMX or AVX512-BF16, else fp32; --threads: the cores free
@@ -220,6 +220,24 @@ def memory(a, d: Path):
         shape = np.load(d / "out.npy", mmap_mode="r").shape
         print(f"| {n:,} lines | {sec:.0f} | {mb:,.0f} | {shape[0]:,} x {shape[1]} float32, "
               f"{shape[0] * shape[1] * 4 / 2**20:,.0f} MB on disk |")
+    long_rows(a, d)
+
+
+def long_rows(a, d: Path, rows: int = 1888):
+    """Peak memory of embed.py (all-MiniLM-L6-v2, its defaults: truncated at 256 tokens) on a Parquet file of long
+    rows: the Gutenberg books over and over, `rows` of them (about 513M characters), as a dataset of books is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    books = [p.read_text(encoding="utf-8", errors="replace")
+             for p in sorted((Path(a.shared) / "data/corpus/gutenberg").glob("*.txt"))]
+    src = d / "books.parquet"
+    pq.write_table(pa.table({"text": (books * -(-rows // len(books)))[:rows]}), src, row_group_size=64)
+    sec, mb = measured([sys.executable, ROOT / "embed.py", "--model", Path(a.shared) / "models/all-MiniLM-L6-v2", src,
+                        "--output", d / "books.npy", "--overwrite"])
+    chars = sum(len(t) for t in (books * -(-rows // len(books)))[:rows])
+    print(f"| {rows:,} books in one .parquet ({chars / 1e6:,.0f}M characters), all-MiniLM-L6-v2 | {sec:.0f} | "
+          f"{mb:,.0f} | {rows:,} x 384 float32 |")
 
 
 @bench
@@ -231,7 +249,8 @@ def main():
     ap.add_argument("--st-python", default=sys.executable, help="Python with sentence-transformers (its torch arms)")
     ap.add_argument("--backends-python", default="", help="Python of bench/requirements-backends.txt (ONNX, OpenVINO)")
     ap.add_argument("--json", default="", help="also write the tables here")
-    ap.add_argument("--memory", type=int, default=0, help="instead: peak memory over 100,000 and this many lines")
+    ap.add_argument("--memory", type=int, default=0, help="instead: peak memory over 100,000 and this many lines, and "
+                    "over a Parquet file of 1,888 books")
     ap.add_argument("--arms", nargs="+", default=[], help="only these arms, by name (default: every one; without "
                     "sentence-transformers' default, no ratio to it and no cosine to its rows)")
     a = ap.parse_args()

@@ -183,12 +183,21 @@ def parquet_file(f: Path, field: str):
     return source
 
 
-def parquet_texts(f: Path, field: str, rows: int = 4096):
-    """The column `field` of a Parquet file, each row's string or None for a null, read `rows` at a time within one
-    row group: memory stays bounded on a file larger than it."""
+def column_bytes(source, field: str) -> int:
+    """The bytes of a Parquet file's column `field`, uncompressed, from its footer: about its texts' characters."""
+    meta = source.metadata
+    chunks = (meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    return sum(chunk.total_uncompressed_size for chunk in chunks if chunk.path_in_schema == field)
+
+
+def parquet_texts(f: Path, field: str, rows: int = 4096, chars: int = 1 << 23):
+    """The column `field` of a Parquet file, each row's string or None for a null, read `rows` at a time, or as many
+    as hold about `chars` characters where its rows are long (books: 4,096 of them would be gigabytes at once):
+    memory stays bounded on a file larger than it."""
     source = parquet_file(f, field)
     if source is None:  # an empty file: no rows
         return
+    rows = max(1, min(rows, chars * source.metadata.num_rows // max(column_bytes(source, field), 1)))
     try:
         for batch in source.iter_batches(batch_size=rows, columns=[field]):
             yield from batch.column(0).to_pylist()  # a dictionary's rows as its strings

@@ -1,11 +1,12 @@
 """
 support/embed_job.py: embed.py's job around the embedding, which a reader of the method can skip. The rows are
-shared out in blocks of --block texts among torchrun's processes (one plain process is the same job, on one), and a
-block is kept the moment it is done: its rows are written where they belong in the output, under a temporary name,
-flushed to disk, then a line in its process's record says so. A job stopped however it stops (SIGTERM, Ctrl-C,
-SIGKILL, a rank that dies) keeps every block recorded; --resume embeds only the others, on however many processes it
-now has, and the output gets its name when the last block is in. A block is batched the same way whichever process
-takes it, so the rows are those of one uninterrupted process. While a job into out.npy runs:
+shared out in blocks of --block texts (fewer where the texts are long: embedding.block_rows) among torchrun's
+processes (one plain process is the same job, on one), and a block is kept the moment it is done: its rows are
+written where they belong in the output, under a temporary name, flushed to disk, then a line in its process's
+record says so. A job stopped however it stops (SIGTERM, Ctrl-C, SIGKILL, a rank that dies) keeps every block
+recorded; --resume embeds only the others, on however many processes it now has, and the output gets its name when
+the last block is in. A block is batched the same way whichever process takes it, so the rows are those of one
+uninterrupted process. While a job into out.npy runs:
 
     .out.npy.partial/          the job (out.npy itself appears only when complete)
       job.json                 what its rows depend on: the inputs (sizes, times), the model, the flags; the row count
@@ -96,6 +97,7 @@ class Job:
         """Rank 0 sets the job up (or finds it, with --resume) and says what is left; the others wait for it."""
         self.plan = json.loads(made_once(self.proc, "embed-job", self._prepare))
         self.rows, self.kept_before = self.plan["rows"], self.plan["kept"]
+        self.size = self.plan.get("block", self.size)  # rank 0's: every process cuts the blocks alike
         self.copies = {k: Path(v) for k, v in self.plan["copies"].items()}
         self.progress = JobProgress(self)
         if self.plan["complete"]:
@@ -120,7 +122,7 @@ class Job:
             return json.dumps(dict(rows=0, kept=0, todo=[], copies={}, complete=True))
         if partial and not (cfg.resume or restarted() or cfg.overwrite):
             saved = read_json(folder / "job.json")
-            kept = self.kept(saved["rows"], saved.get("--block", self.size))
+            kept = self.kept(saved["rows"], saved.get("block_rows", saved.get("--block", self.size)))
             raise UserError(f"--output {out}: a job into it stopped with {kept:,} of "
                             f"{saved['rows']:,} rows kept in {folder}; pass --resume to continue it, or --overwrite "
                             f"to start afresh")
@@ -140,10 +142,12 @@ class Job:
         folder.mkdir(exist_ok=True)
         lock_run_folder(folder, said_as=f"--output {self.out}")
         copies = embedding.spooled(cfg.inputs, folder, cfg.text_field)
-        if (rows := embedding.count_rows(cfg.inputs, copies, cfg.text_field)) == 0:
+        rows, chars = embedding.count_rows(cfg.inputs, copies, cfg.text_field)
+        if rows == 0:
             raise UserError(f"{', '.join(cfg.inputs)}: no texts")
-        write_json(folder / "job.json", {"rows": rows, "inputs": describe_inputs(cfg.inputs, copies),
-                                         **self.rows_from})
+        self.size = embedding.block_rows(cfg.block, rows, chars)
+        write_json(folder / "job.json", {"rows": rows, "block_rows": self.size,
+                                         "inputs": describe_inputs(cfg.inputs, copies), **self.rows_from})
         if self.npy:  # the whole output at once, sparse: each block's rows then go where they belong
             need, free = rows * self.hidden * self.dtype.itemsize, shutil.disk_usage(folder).free
             if need > free:  # said now, not after hours
@@ -152,18 +156,18 @@ class Job:
                 f.write(header := npy_header(rows, self.hidden, self.dtype))
                 f.truncate(len(header) + need)
         blocks = -(-rows // self.size)
-        return dict(rows=rows, kept=0, todo=[[0, blocks]], copies={k: str(v) for k, v in copies.items()},
-                    complete=False)
+        return dict(rows=rows, block=self.size, kept=0, todo=[[0, blocks]],
+                    copies={k: str(v) for k, v in copies.items()}, complete=False)
 
     def _resumed(self) -> dict:
         cfg, folder = self.cfg, self.folder
         saved = read_json(folder / "job.json")
         copies = embedding.spooled(cfg.inputs, folder, cfg.text_field)  # stdin again: checked against the first
         check_unchanged(saved, {"inputs": describe_inputs(cfg.inputs, copies), **self.rows_from}, self.out)
-        rows = saved["rows"]
+        rows, self.size = saved["rows"], saved.get("block_rows", self.size)  # a job before block_rows: --block
         done = recorded(folder, -(-rows // self.size), self.npy)
         missing = sorted(set(range(-(-rows // self.size))) - done)
-        return dict(rows=rows, kept=self.kept(rows), todo=ranges(missing),
+        return dict(rows=rows, block=self.size, kept=self.kept(rows), todo=ranges(missing),
                     copies={k: str(v) for k, v in copies.items()}, complete=False)
 
     # --- the blocks ------------------------------------------------------------------------------

@@ -16,12 +16,60 @@ import torch
 
 from support import quantize
 from support.cli import UserError, say
-from support.corpus import SUFFIXES, parquet_file, read_lines
+from support.corpus import SUFFIXES, column_bytes, parquet_file, read_lines
 from support.device import check_compile, pad_rows, to_device
 from support.files import path_kind
 
 # -----------------------------------------------------------------------------------------------
 # A batch on the device
+
+
+# -----------------------------------------------------------------------------------------------
+# Texts into token ids, in bounded memory
+
+
+# The characters tokenised together at most: the tokenizer's encodings of a whole block of long texts (books: 16,384
+# of them) held tens of bytes a token, gigabytes at once
+GROUP_CHARS = 1 << 22
+# How far into a long text to look for the tokens the model reads (--long truncate): this many characters a token,
+# some four times what English text takes
+PREFIX_CHARS = 16
+
+
+def token_ids(texts: list, tok, keep: int | None = None):
+    """Each text's token ids, special tokens included, as an int32 array, tokenised a group of GROUP_CHARS at a time on
+    every core. keep: only the first `keep` ids are read (--long truncate), and a long text is tokenised from a prefix
+    cut at a space: every tokenizer this project loads splits a text into words at spaces before it tokenises them
+    one by one, so the prefix's ids are the whole text's first ones. Where the prefix holds `keep` ids or fewer (very
+    long words), the whole text is tokenised."""
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no character offsets
+    for group in groups_of(texts, GROUP_CHARS):
+        cut = [prefix(t, PREFIX_CHARS * keep) for t in group] if keep else group
+        for text, short, e in zip(group, cut, encode(cut), strict=True):
+            ids = e.ids if short is text or len(e.ids) > keep else encode([text])[0].ids
+            yield np.asarray(ids, dtype=np.int32)
+
+
+def prefix(text: str, chars: int) -> str:
+    """The text up to the last whitespace within its first `chars` characters; the text itself where it is no longer
+    or has no whitespace there."""
+    if len(text) <= chars:
+        return text
+    cut = max(text.rfind(c, 0, chars) for c in " \n\t\r\f\v")
+    return text[:cut] if cut > 0 else text
+
+
+def groups_of(texts: list, chars: int):
+    """Consecutive texts, as many as hold at most `chars` characters (at least one)."""
+    group, size = [], 0
+    for t in texts:
+        if group and size + len(t) > chars:
+            yield group
+            group, size = [], 0
+        group.append(t)
+        size += len(t)
+    if group:
+        yield group
 
 
 # Taking a batch's padding out before the token-wise layers and putting it back for attention is two copies of every
@@ -159,15 +207,36 @@ def json_lines(path: Path) -> bool:
     return False
 
 
-def count_rows(inputs, copies: dict, field: str = "text") -> int:
-    """The texts of every input: a streaming first pass; a Parquet file's count is in its footer (none is decoded)."""
-    return sum(parquet_rows(copies.get(p) or Path(p), field) if p.endswith(".parquet")
-               else sum(1 for _ in read_lines(Path(p), copies.get(p), field=field)) for p in inputs)
+def count_rows(inputs, copies: dict, field: str = "text") -> tuple[int, int]:
+    """(texts, characters) of every input: a streaming first pass; a Parquet file's are in its footer (none is
+    decoded: its characters are the column's bytes, uncompressed)."""
+    rows = chars = 0
+    for p in inputs:
+        if p.endswith(".parquet"):
+            n, c = parquet_rows(copies.get(p) or Path(p), field)
+        else:
+            n = c = 0
+            for text in read_lines(Path(p), copies.get(p), field=field):
+                n, c = n + 1, c + len(text)
+        rows, chars = rows + n, chars + c
+    return rows, chars
 
 
-def parquet_rows(path: Path, field: str) -> int:
+def parquet_rows(path: Path, field: str) -> tuple[int, int]:
     source = parquet_file(path, field)
-    return 0 if source is None else source.metadata.num_rows  # an empty file: none
+    if source is None:  # an empty file: none
+        return 0, 0
+    return source.metadata.num_rows, column_bytes(source, field)
+
+
+# A block holds --block texts, or as many as come to this many characters on average over the input, where its texts
+# are long (books: 16,384 of them would be gigabytes of text, tokens and states at once)
+BLOCK_CHARS = 1 << 25
+
+
+def block_rows(block: int, rows: int, chars: int) -> int:
+    """The texts of a block: --block, or fewer where the input's texts are long."""
+    return max(1, min(block, BLOCK_CHARS * rows // max(chars, 1)))
 
 
 def blocks(inputs, copies: dict, size: int, wanted=None, field: str = "text"):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import embed as E
 import model as M
-from conftest import ROOT, minilm, oracle, stsb_sentences
+from conftest import ROOT, WORDS, minilm, oracle, stsb_sentences
 from support import cpu_layers, embedding, threads
 from support.device import device_and_dtype
 from support.threads import across_cores, cpu_threads
@@ -373,6 +373,62 @@ def test_json_lines_through_a_pipe_are_read_as_json_lines(tmp_path, tiny):
     assert r.returncode == 1 and r.stderr.endswith("error: stdin:1: not a JSON object with a string field 'text'\n")
     r = run("--model", tiny, "-", "--output", tmp_path / "plain.npy", stdin="{a cat}\nsat\n")
     assert r.returncode == 0 and np.load(tmp_path / "plain.npy").shape[0] == 2 and "JSON" not in r.stderr
+
+
+def test_a_long_text_is_tokenised_only_as_far_as_the_model_reads_it(tiny, monkeypatch):
+    """--long truncate: a long text's ids come from a prefix cut at a space, and are the whole text's first ones, for a
+    byte-level BPE, WordPiece (all-MiniLM-L6-v2's: lower-cased, accents stripped) and a SentencePiece Unigram, on text
+    with runs of spaces, newlines, punctuation, accents and digits; a text whose prefix holds too few tokens (one long
+    word) is tokenised whole; the tokenizer is given at most GROUP_CHARS characters at a time (or one text); --long
+    chunk still sees every token."""
+    from test_model import unigram
+
+    from support.hub import load_tokenizer
+
+    rng = np.random.default_rng(0)
+    pieces = [*WORDS, "café", "naïve", "1984", "--", "(it's)", "\n\n", "   ", "don't!", "U.S.A.", "x" * 30]
+    texts = ["".join(rng.choice(pieces) + rng.choice([" ", "", "\n", ", "]) for _ in range(3000)) for _ in range(6)]
+    texts += ["y" * 120 + " " + "y" * 20_000 + " end", "short text"]  # long words: their prefix holds few tokens
+    sizes = []
+
+    class Spy:  # the tokenizer, each call's characters counted
+        def __init__(self, tok):
+            self.tok = tok
+
+        def encode_batch_fast(self, batch):
+            sizes.append((len(batch), sum(map(len, batch))))
+            return self.tok.encode_batch_fast(batch)
+
+        encode_batch = encode_batch_fast
+
+    monkeypatch.setattr(embedding, "GROUP_CHARS", 30_000)
+    for tok in (load_tokenizer(tiny), load_tokenizer(minilm()), unigram(texts)):
+        for keep in (16, 128):
+            whole = [E._segments(np.asarray(tok.encode(t).ids), keep, "truncate")[0] for t in texts]
+            sizes.clear()
+            got = E.tokenize(texts, Spy(tok), keep).pieces
+            assert [g.tolist() for g in got] == [w.tolist() for w in whole], keep
+            assert all(n == 1 or chars <= 30_000 for n, chars in sizes) and len(sizes) > 1
+        windows = E.tokenize(texts, Spy(tok), 16, long="chunk")
+        assert sum(len(p) - 2 for p in windows.pieces) >= sum(len(tok.encode(t).ids) - 2 for t in texts)
+
+
+def test_a_block_of_long_texts_holds_fewer_of_them(tmp_path, tiny, monkeypatch):
+    """A block is --block texts, or as many as come to BLOCK_CHARS characters on average where the texts are long:
+    the job cuts its blocks so, and writes the bytes of the same job cut by --block alone."""
+    texts = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(60 + 40 * (i % 3))) for i in range(30)]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    chars = sum(map(len, texts))
+    assert embedding.block_rows(16384, 30, chars) == 16384 and embedding.block_rows(16384, 30, 10**12) == 1
+    monkeypatch.setattr(embedding, "BLOCK_CHARS", chars // 5)  # about 6 texts a block
+    sizes, real = [], embedding.blocks
+    monkeypatch.setattr(embedding, "blocks", lambda inputs, copies, size, *a: sizes.append(size) or real(
+        inputs, copies, size, *a))
+    E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "long.npy"), "--threads", "1"])
+    assert sizes == [embedding.block_rows(16384, 30, chars)] and 4 <= sizes[0] <= 8
+    E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "by-block.npy"), "--block",
+            str(sizes[0]), "--threads", "1"])
+    assert (tmp_path / "long.npy").read_bytes() == (tmp_path / "by-block.npy").read_bytes()
 
 
 def test_gzipped_inputs_read_as_train_py_reads_them(tmp_path, tiny):

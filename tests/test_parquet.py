@@ -200,3 +200,24 @@ def test_a_file_is_read_a_row_group_at_a_time(tmp_path):
         rows += 1
         held = max(held, pa.total_allocated_bytes()) if rows % 500 == 0 else held
     assert rows == 60_000 and held < size / 8, (held, size)
+
+
+def test_long_rows_are_read_a_few_at_a_time(tmp_path):
+    """A file of long rows (books), in row groups of 8: the rows come in batches of about 8M characters, not of 4,096
+    rows, which here would be the whole file at once (pyarrow reads a row group's column whole, so no less than
+    that)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support.corpus import parquet_texts
+
+    rng = np.random.default_rng(1)
+    words = rng.choice(WORDS, 200_000)
+    books = [" ".join(np.roll(words, k)) for k in range(48)]  # ~1 MB a row, each its own
+    pq.write_table(pa.table({"text": books}), tmp_path / "books.parquet", compression="none", use_dictionary=False,
+                   row_group_size=8)
+    size, held, rows = (tmp_path / "books.parquet").stat().st_size, 0, 0
+    for _ in parquet_texts(tmp_path / "books.parquet", "text"):
+        rows += 1
+        held = max(held, pa.total_allocated_bytes())
+    assert rows == 48 and held < size / 2, (held, size)
