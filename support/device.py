@@ -210,8 +210,8 @@ def compiled_encoder(model):
     which inductor lays out for oneDNN once, as support/cpu_layers.py does by hand (unfrozen, each product lays its
     weight out again, slower than embed.py's default); inductor then builds every graph anew in each process. On a
     GPU its cache keeps what it builds (TORCHINDUCTOR_CACHE_DIR, else a folder under /tmp) for a later process."""
-    torch._inductor.config.freezing = next(model.parameters()).device.type == "cpu"  # embedding changes no weight
-    return torch.compile(model, dynamic=True)
+    frozen = next(model.parameters()).device.type == "cpu"  # embedding changes no weight
+    return torch.compile(model, dynamic=True, options={"freezing": frozen})  # for this model only, not torch's default
 
 
 def is_compiled(model) -> bool:
