@@ -589,7 +589,8 @@ def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monk
         raise SystemExit(143)
 
     monkeypatch.setattr(gpu_check, "SECTIONS", {"a": (exits, 5), "b": (slow, 1), "c": (wrong, 5), "d": (right, 5),
-                                                "e": (swallows, 1), "f": (sigterm_in_train_main, 5)})
+                                                "e": (swallows, 1), "f": (sigterm_in_train_main, 5),
+                                                "g": (right, 5)})  # g: never reached, after f's SIGTERM
     check = object.__new__(gpu_check.Check)
     check.out, check.results, check.dev = tmp_path / "r.json", {}, torch.device("cpu")
     for key in "abcde":
