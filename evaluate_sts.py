@@ -13,17 +13,26 @@ and the DeCLUTR paper report).
     python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
     python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
     python evaluate_sts.py --model runs/a/model --split dev --output-dtype int8 binary    # what quantising costs
+    python evaluate_sts.py --model runs/a/model --model roberta-base --docs my-held-out-docs/   # SPANS, beside TF-IDF
+
+On the user's own documents (--docs; train.py --holdout-docs or --eval-docs during a run), held-out span retrieval
+(SPANS): query spans drawn as anchors are, each paired with a target drawn as a positive near it but sharing no text
+(sampler.heldout_pairs), every target a candidate for every query, scored beside word overlap (TF-IDF).
 """
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from embed import encode
-from model import load_pretrained
+from model import load_config_and_tokenizer, load_pretrained
+from sampler import SamplerConfig, heldout_pairs
 from support import cpu_layers
 from support.cli import Progress, UserError, cli, flag, parse_config
+from support.corpus import prepare_corpus
 from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
@@ -41,6 +50,12 @@ class EvalConfig(OnDevice):  # --dtype, --device and --threads as embed.py's (su
     batch_tokens: int = flag(0, "embed.py's token budget per batch (0: its default)", low=0)
     output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: int8 (ranges from "
                                     "the task's sentences; cosine), binary (Hamming similarity)")
+    docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents (.txt/.jsonl/.parquet, "
+                            "folders), beside word overlap (TF-IDF)")
+    span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first model's tokens",
+                           low=1, high=20000)
+    text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet file, with the text")
+    cache_dir: str = flag("", "SPANS: --docs' tokens cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr")
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
@@ -140,6 +155,104 @@ def spearman_of(model, tok, pairs, dtype=None) -> float:
     return 100 * spearman(cosines(model, tok, a, b, dtype=dtype), gold)
 
 
+# -----------------------------------------------------------------------------------------------
+# Held-out span retrieval: on the user's own documents, does each query span find the span that lay near it
+# (sampler.heldout_pairs) among every target? Word overlap's answer (TF-IDF) beside it: the figure to beat.
+
+SPAN_GAP = 8  # tokens at least between a query and its target: the target's text is nowhere in its query
+WORD = re.compile(r"\w+")
+
+
+def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, where: str = "held-out span retrieval"
+               ) -> tuple[list[str], list[str]]:
+    """Queries and their targets as text, drawn once (a fixed seed) from the corpus's documents `docs`: each model
+    reads them with its own tokenizer. One line, that starts with `where`, if the documents hold no pair."""
+    pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)  # (n, 5)
+    if len(pairs) == 0:
+        raise UserError(f"{where}: none of its {len(docs):,} documents holds two spans of "
+                        f"{min_span} tokens {SPAN_GAP} apart ({2 * min_span + SPAN_GAP} tokens)")
+    start = corpus.offsets[docs][pairs[:, 0]]
+
+    def texts(a, b):
+        return tok.decode_batch([corpus.tokens[s + i:s + j].tolist() for s, i, j in zip(start, a, b, strict=True)])
+
+    return texts(pairs[:, 1], pairs[:, 2]), texts(pairs[:, 3], pairs[:, 4])
+
+
+def target_ranks(blocks) -> np.ndarray:
+    """blocks: similarities of consecutive queries to every target, (rows, targets) each. Each query's own target's
+    rank among all the targets, from 1; a tie counts against it (a model that maps everything to one point ranks
+    every target last, not first)."""
+    out, i = [], 0
+    for sims in blocks:
+        right = sims[np.arange(len(sims)), i + np.arange(len(sims))]  # (rows,)
+        out.append((sims >= right[:, None]).sum(1))
+        i += len(sims)
+    return np.concatenate(out)
+
+
+def retrieval(ranks: np.ndarray) -> dict:
+    """Recall@1, recall@10 and mean reciprocal rank, x 100, over every query."""
+    return dict(recall_at_1=100 * float(np.mean(ranks <= 1)), recall_at_10=100 * float(np.mean(ranks <= 10)),
+                mrr=100 * float(np.mean(1 / ranks)), n=len(ranks))
+
+
+def alignment_uniformity(queries: np.ndarray, targets: np.ndarray, chunk: int = 1024) -> dict:
+    """Wang & Isola (2020) on unit rows: alignment, the mean squared distance of a query to its target (lower: pairs
+    closer); uniformity, the log of the mean of exp(-2 x squared distance) over every two rows of both (lower: the
+    rows spread more evenly over the sphere). For unit rows, squared distance is 2 - 2 x cosine."""
+    x = np.concatenate([queries, targets]).astype(np.float64)  # (2n, H)
+    total = 0.0
+    for i in range(0, len(x), chunk):
+        near = np.exp(4 * (x[i:i + chunk] @ x.T) - 4)  # (chunk, 2n)
+        total += near.sum() - np.trace(near[:, i:i + chunk])  # every pair of two different rows
+    return dict(alignment=float(((queries - targets) ** 2).sum(1).mean()),
+                uniformity=float(np.log(total / (len(x) * (len(x) - 1)))))
+
+
+def span_retrieval(model, tok, queries, targets, dtype=None, batch_tokens=0, share=(0, 1, None)) -> dict:
+    """The encoder's figures on the pairs: each query's target among every target, by the cosine of mean-pooled
+    embeddings in the precision embed.py writes them; then their alignment and uniformity. share: (rank, world,
+    gather) under torchrun, each process embedding its part (gather: its rows -> everyone's, in rank order)."""
+    rank, world, gather = share
+    texts = queries + targets
+    part = -(-len(texts) // world)
+    emb = encode(texts[rank * part:(rank + 1) * part], model, tok, batch_tokens=batch_tokens, normalize=True,
+                 dtype=dtype)
+    emb = gather(emb) if world > 1 else emb  # (2n, H)
+    q, t = emb[:len(queries)], emb[len(queries):]
+    ranks = target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
+    return retrieval(ranks) | alignment_uniformity(q, t)
+
+
+def tfidf_rows(texts: list[str]) -> torch.Tensor:
+    """Unit TF-IDF rows, sparse (texts, words): each lowercased word's count x log((1 + texts) / (1 + texts that
+    hold it)) + 1 (scikit-learn's smoothed idf)."""
+    vocab, rows, cols = {}, [], []
+    for i, text in enumerate(texts):
+        for word in WORD.findall(text.lower()):
+            rows.append(i)
+            cols.append(vocab.setdefault(word, len(vocab)))
+    counts = torch.sparse_coo_tensor(torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
+                                     torch.ones(len(rows), dtype=torch.float64), (len(texts), len(vocab)),
+                                     check_invariants=False).coalesce()  # a word's count in a text
+    row, col = counts.indices()
+    idf = torch.log((1 + len(texts)) / (1 + torch.bincount(col, minlength=len(vocab)))) + 1
+    values = counts.values() * idf[col]
+    norm = torch.zeros(len(texts), dtype=torch.float64).index_add_(0, row, values ** 2).sqrt()
+    return torch.sparse_coo_tensor(counts.indices(), values / norm[row], counts.shape, check_invariants=False)
+
+
+def word_overlap(queries: list[str], targets: list[str]) -> dict:
+    """The same retrieval by the TF-IDF cosine of the spans' words: what an encoder must beat to have learned more
+    than which words the spans share."""
+    rows, n = tfidf_rows(queries + targets), len(queries)
+    queries = rows.index_select(0, torch.arange(n))  # sparse (n, words); the targets dense, 512 at a time
+    sims = torch.cat([torch.mm(queries, rows.index_select(0, torch.arange(n + i, min(n + i + 512, 2 * n))).to_dense().T)
+                      for i in range(0, n, 512)], dim=1).numpy()  # (n, n)
+    return retrieval(target_ranks([sims]))
+
+
 @cli
 def main(argv=None):
     cfg = parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
@@ -153,11 +266,13 @@ def evaluate(cfg: EvalConfig):
         raise UserError("no --model given")
     if cfg.json and not Path(cfg.json).resolve().parent.is_dir():
         raise UserError(f"--json {cfg.json}: no folder {Path(cfg.json).parent} to write it into")
-    tasks = tasks_to_score(cfg.data, cfg.split, cfg.tasks)  # no --data: the STS Benchmark, downloaded once
+    # no --data: the STS Benchmark, downloaded once; with --docs and no --data or --tasks: SPANS alone
+    tasks = {} if cfg.docs and not (cfg.data or cfg.tasks) else tasks_to_score(cfg.data, cfg.split, cfg.tasks)
+    spans = held_out_spans(cfg) if cfg.docs else None
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
-        progress = Progress("evaluate", f"{name} on {', '.join(tasks)}")
+        progress = Progress("evaluate", f"{name} on {', '.join([*tasks, *['SPANS'] * bool(spans)])}")
         model, tok, cache = *load_pretrained(name, quiet=True), {}
         model.to(device)
         if cfg.onednn:  # on a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
@@ -165,10 +280,24 @@ def evaluate(cfg: EvalConfig):
         for precision in dict.fromkeys(["float32", *cfg.output_dtype]):  # each embedded once, then quantised
             label = name if precision == "float32" else f"{name} {precision}"
             results[label] = score(model, tok, tasks, cfg.batch_tokens, progress, dtype, precision, cache)
-        progress.note(f"{name}: {len(tasks)} tasks in {time.time() - progress.t0:.0f}s")
+        if spans:
+            progress.note(f"SPANS, {len(spans[0]):,} pairs")
+            results[name]["SPANS"] = span_retrieval(model, tok, *spans, dtype, cfg.batch_tokens)
+        progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - progress.t0:.0f}s")
+    if spans:
+        results["TF-IDF (words)"] = {"SPANS": word_overlap(*spans)}
     print(table(results) + ("\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
+
+
+def held_out_spans(cfg: EvalConfig) -> tuple[list[str], list[str]]:
+    """--docs' query and target texts, drawn in the first model's tokens with the paper's span lengths (up to its
+    positions), the same for every model."""
+    config, tok = load_config_and_tokenizer(cfg.model[0])
+    corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
+    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, SamplerConfig.min_span,
+                      min(SamplerConfig.max_span, config.max_tokens - 2), where=f"--docs {' '.join(cfg.docs)}")
 
 
 if __name__ == "__main__":

@@ -150,13 +150,60 @@ def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
 
 
 # -----------------------------------------------------------------------------------------------
+# Held-out span retrieval: the method's own idea of what belongs together, as a measure on the user's documents
+# (evaluate_sts.py scores it). A query is drawn as an anchor is, its target as a positive is, near it in the same
+# document; but never sharing a token with it, or retrieval would be a string match.
+
+
+def heldout_pair(rng, n_tokens: int, min_span: int, max_span: int, gap: int):
+    """((query_start, query_end), (target_start, target_end)) in a stretch of n_tokens: the query's length as an
+    anchor's (Beta(4, 2)), the target's as a positive's (Beta(2, 4)), at least `gap` tokens apart, on either side."""
+    max_span = min(max_span, (n_tokens - gap) // 2)  # a short stretch: shorter spans, as --scale-short-docs does
+    if max_span < min_span:
+        raise ValueError(f"{n_tokens} tokens: two spans of at least {min_span} tokens, {gap} apart, need "
+                         f"{2 * min_span + gap}")
+    query_len = span_length(rng, 4, 2, min_span, max_span)
+    target_len = span_length(rng, 2, 4, min_span, max_span)
+    # The query's start: uniform over those that leave room for the gap and the target after it, or before it
+    room = np.arange(n_tokens - query_len + 1)
+    room = room[(room + query_len + gap + target_len <= n_tokens) | (room >= target_len + gap)]
+    query_start = int(room[rng.integers(len(room))])
+    query_end = query_start + query_len
+    # The target's start: uniform over the starts on either side, the gap kept
+    before = np.arange(0, query_start - gap - target_len + 1)
+    after = np.arange(query_end + gap, n_tokens - target_len + 1)
+    starts = np.concatenate([before, after])
+    target_start = int(starts[rng.integers(len(starts))])
+    return (query_start, query_end), (target_start, target_start + target_len)
+
+
+def heldout_pairs(lengths: np.ndarray, count: int, min_span: int, max_span: int, gap: int, seed: int = 0):
+    """Up to `count` (document, query, target) that share no text with one another: every document cut into windows
+    of 2·l_max + gap tokens (a shorter document that holds a pair: one window, the whole of it), `count` windows drawn
+    from them all, and one pair drawn inside each. Returns an (n, 5) array: document, query start and end, target
+    start and end."""
+    window = 2 * max_span + gap
+    per_doc = np.where(lengths >= window, lengths // window, lengths >= 2 * min_span + gap).astype(np.int64)
+    doc_of = np.repeat(np.arange(len(lengths)), per_doc)  # (windows,)
+    nth = np.arange(len(doc_of)) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)  # each window's place in its doc
+    rng = np.random.default_rng([seed, 70])
+    out = []
+    for k in np.sort(rng.choice(len(doc_of), size=min(count, len(doc_of)), replace=False)):
+        d = int(doc_of[k])
+        start = int(nth[k]) * window
+        (q0, q1), (t0, t1) = heldout_pair(rng, min(window, int(lengths[d])), min_span, max_span, gap)
+        out.append((d, start + q0, start + q1, start + t0, start + t1))
+    return np.asarray(out, dtype=np.int64).reshape(-1, 5)
+
+
+# -----------------------------------------------------------------------------------------------
 # Batches: step -> anchors, positives, MLM, as a map-style dataset the DataLoader's workers index by step.
 
 
 class SpanBatches(torch.utils.data.Dataset):
     """Step -> this rank's batch: its share of the step's N documents, A anchors and A·P positives from each."""
 
-    def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1):
+    def __init__(self, corpus: Corpus, tok, cfg: SamplerConfig, max_tokens: int, rank=0, world_size=1, held_out=()):
         self.corpus, self.cfg, self.rank, self.world = corpus, cfg, rank, world_size
         self.per_rank = cfg.docs_per_step // world_size  # this rank's share of the N documents of a step
         self.special = special_ids(tok)
@@ -170,7 +217,8 @@ class SpanBatches(torch.utils.data.Dataset):
         # The original's rule: a document of n tokens gives A anchors in non-neighbouring blocks of l_max when
         # n >= 2·A·l_max; --scale-short-docs takes shorter ones too, their l_max lowered to n / 2A (max_span_of)
         shortest = 2 * cfg.num_anchors * (cfg.min_span if cfg.scale_short_docs else self.max_span)
-        self.docs = np.flatnonzero(corpus.lengths >= shortest)
+        self.held_out = len(held_out)  # documents kept for held-out span retrieval (evaluate_sts.py), not trained on
+        self.docs = np.setdiff1d(np.flatnonzero(corpus.lengths >= shortest), held_out)
         self.steps_per_epoch = len(self.docs) // world_size // max(1, self.per_rank)
         check_usable(self, shortest, max_tokens, SamplerConfig.max_span)  # one line if it cannot, or what it takes
         self._shard = (None, None)

@@ -35,7 +35,7 @@ from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.device import autocast_dtype, check_compile, compiled, rng_state, set_rng_state, to_device
-from support.processes import Process, corpus_for_run, data_parallel, processes
+from support.processes import Process, corpus_for_run, data_parallel, eval_documents, gather_rows, processes
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
 from support.training import Run
@@ -296,18 +296,30 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     else:
         encoder, tok = load_pretrained(cfg.model)
     encoder.to(proc.device).train()
-    batches = sampler.SpanBatches(corpus_for_run(cfg, tok, proc), tok, cfg, encoder.config.max_tokens,
-                                  proc.rank, proc.world)
+    corpus = corpus_for_run(cfg, tok, proc)
+    held = eval_documents(cfg, tok, proc, corpus)  # held-out span retrieval's (--holdout-docs, --eval-docs), or None
+    batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, proc.rank, proc.world,
+                                  held_out=held.held_out if held else ())
+    spans = evaluate_sts.span_texts(held.corpus, held.docs, tok, cfg.span_pairs, min(cfg.min_span, batches.max_span),
+                                    batches.max_span, held.flag) if held else None  # the same pairs at every eval
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
     scaler = torch.amp.GradScaler(proc.device.type, enabled=autocast_dtype(cfg.dtype, proc.device) == torch.float16)
     run = Run(cfg, out, ChunkedEncoder(encoder, compile=cfg.compile), encoder, tok, opt, scaler, batches,
               cfg.steps or cfg.epochs * batches.steps_per_epoch, save_pretrained, proc)
 
-    def evaluate():  # STS-B dev, of the embeddings embed.py would write (in its precision: bf16 on a CPU with AMX)
-        return evaluate_sts.spearman_of(encoder, tok, pairs, dtype=autocast_dtype("auto", proc.device, cpu_bf16=True))
+    def evaluate(start: bool) -> dict:  # of the embeddings embed.py would write, in its precision (bf16 on AMX)
+        dtype, figures = autocast_dtype("auto", proc.device, cpu_bf16=True), {}
+        if spans:  # every rank embeds its share of the spans; the start is compared with word overlap
+            found = evaluate_sts.span_retrieval(encoder, tok, *spans, dtype, share=(proc.rank, proc.world, gather_rows))
+            figures |= {f"spans_{k}": v for k, v in found.items()}
+            if start:
+                figures |= {f"tfidf_spans_{k}": v for k, v in evaluate_sts.word_overlap(*spans).items()}
+        if pairs and proc.rank == 0:  # STS-B dev
+            figures["stsb_dev_spearman"] = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
+        return figures
 
-    run.begin(resume_from, evaluate if pairs else None, lambda s, t: lr_at(s, t, cfg.lr, cfg.warmup_frac, cfg.lr_ratio),
-              MAX_STEPS)  # the process group is up from here
+    run.begin(resume_from, evaluate if pairs or spans else None,
+              lambda s, t: lr_at(s, t, cfg.lr, cfg.warmup_frac, cfg.lr_ratio), MAX_STEPS)  # the process group is up
     if proc.world > 1:  # every rank's gradients averaged in buckets during backward; --no-mlm leaves the MLM head out
         run.model = data_parallel(run.model, proc.device, find_unused=not cfg.mlm)
     return run

@@ -220,7 +220,7 @@ def run_arms(a, out: Path, inits: dict[int, Path], documents: dict[int, Path]):
             running.append(train(a, out, name(arm, share, s), [
                 "--model", str(inits[s]), "--seed", str(s), *length, "--min-span", str(a.min_span),
                 "--lr", str(a.lr), "--eval-every", str(a.eval_every), *(["--threads", "1"] if a.jobs > 1 else []),
-                *ARMS[arm][0]]))
+                *(["--holdout-docs", str(a.holdout_docs)] if a.holdout_docs else []), *ARMS[arm][0]]))
         time.sleep(1)
         for job in [j for j in running if j[2].poll() is not None]:
             running.remove(job)
@@ -320,6 +320,49 @@ def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def span_tables(a, out: Path) -> str:
+    """--holdout-docs: each arm's held-out span retrieval at its end against the start and against word overlap
+    (TF-IDF), as the STS tables are; then, for each run, the Spearman correlation over its evaluations (the start's
+    included) of span MRR with STS-B dev: does the figure a user can have on their own documents rank the
+    checkpoints as STS-B does?"""
+    first = metrics_with_start(out, name(*runs(a)[0]))[0]  # the start: one model and the same pairs for every run
+    lines = ["", f"**Held-out span retrieval** (`--holdout-docs {a.holdout_docs}`: {first['spans_n']:,} pairs from the "
+             f"held-out documents, every target a candidate), × 100, mean ± standard deviation over the seeds; Δ as "
+             f"above. The start: MRR {first['spans_mrr']:.2f}, R@1 {first['spans_recall_at_1']:.2f}, R@10 "
+             f"{first['spans_recall_at_10']:.2f}; word overlap (TF-IDF): MRR {first['tfidf_spans_mrr']:.2f}, R@1 "
+             f"{first['tfidf_spans_recall_at_1']:.2f}, R@10 {first['tfidf_spans_recall_at_10']:.2f}.", ""]
+    head = ["share", "arm", "MRR", "Δ start", "Δ both", "per seed", "R@1", "R@10", "alignment", "uniformity",
+            "Spearman(MRR, STS-B) over evaluations"]
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for share in a.fractions if a.pretrain_steps else [None]:
+        for arm in a.arms:
+            row = [name(arm, share, s) for s in a.seeds]
+            end = [metrics_with_start(out, r)[-1] for r in row]
+            both = [metrics_with_start(out, name("both", share, s))[-1]["spans_mrr"] for s in a.seeds]
+            mrr = [e["spans_mrr"] for e in end]
+            lines.append("| " + " | ".join([
+                f"{share}%" if share else "–", LABELS[arm], cell(mrr), delta(mrr, [first["spans_mrr"]] * len(mrr)),
+                delta(mrr, both) if arm != "both" and "both" in a.arms else "–", " / ".join(f"{x:.2f}" for x in mrr),
+                *(cell([e[f"spans_{k}"] for e in end]) for k in ("recall_at_1", "recall_at_10", "alignment",
+                                                                  "uniformity")),
+                cell([tracking(metrics_with_start(out, r)) for r in row])]) + " |")
+    every = [tracking(metrics_with_start(out, name(*r))) for r in runs(a)]
+    lines += ["", f"Over all {len(every)} runs, the Spearman correlation of span MRR with STS-B dev over each run's "
+              f"evaluations: {cell(every)} (lowest {min(every):.2f}, highest {max(every):.2f})."]
+    return "\n".join(lines) + "\n"
+
+
+def metrics_with_start(out: Path, run: str) -> list[dict]:
+    """A run's evaluated records, the start's (step 0) first."""
+    records = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("spans_mrr") is not None and r.get("stsb_dev_spearman") is not None]
+
+
+def tracking(records: list[dict]) -> float:
+    """Spearman x 100, over a run's evaluations, of span MRR with STS-B dev."""
+    return 100 * E.spearman([r["spans_mrr"] for r in records], [r["stsb_dev_spearman"] for r in records])
+
+
 def plot(a, out: Path, path: Path, start: dict, floor: list[float]):
     """STS-B dev against steps, one panel per figure (from scratch), or stage 1's MLM loss and STS-B dev, then
     stage 2's final score against the share of documents and its curves on all of them (--pretrain-steps)."""
@@ -416,6 +459,9 @@ def main():
     ap.add_argument("--min-span", type=int, default=16, help="l_min")
     ap.add_argument("--max-span", type=int, default=128, help="l_max")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak lr (a scratch model needs more than the paper's 5e-5)")
+    ap.add_argument("--holdout-docs", type=float, default=0.0, help="every arm also scored by held-out span "
+                    "retrieval (train.py --holdout-docs: this share of its documents kept out of training, the same "
+                    "for every arm and seed), and its own table: the arms, and how well it tracks STS-B dev")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (on a CPU: its cores, one thread each)")
     ap.add_argument("--plot", default=None, help="where the plot goes (default: OUT/ablation.png; the figures the "
                     "docs show, bench/ablation*.png, change only when named here)")
@@ -451,7 +497,7 @@ def main():
     run_arms(a, out, inits, documents)
     sick = sick_scores(a, {name(*r): out / name(*r) / "model" for r in runs(a)} | {f"start {m}": m for m in starts})
     start["sick"] = [sick[f"start {inits[s]}"] for s in a.seeds] if sick else []
-    report = tables(a, out, start, floor, sick)
+    report = tables(a, out, start, floor, sick) + (span_tables(a, out) if a.holdout_docs else "")
     (out / "ablation.md").write_text(report)
     took = run_seconds(out)
     total = sum(took.get(name(*r), 0) for r in runs(a)) / 60

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from support.files import write_atomic
 
+BEST_BY = {"stsb_dev_spearman": "STS-B dev", "spans_mrr": "held-out span retrieval's MRR"}  # cfg.best_key's words
+
 # The method's settings (§3.1-3.3, §4), in the order the card lists them; every other field is how the run ran
 METHOD = ("docs_per_step", "num_anchors", "num_positives", "min_span", "max_span", "positive_view", "mlm_probability",
           "temperature", "mlm", "contrastive", "lr", "weight_decay", "warmup_frac", "lr_ratio", "max_grad_norm")
@@ -32,16 +34,17 @@ def write_card(folder: Path, cfg, records: list[dict], machines: list[dict], doc
     """README.md in a model folder that save_pretrained has written: cfg the run's config (a dataclass whose field
     defaults are the paper's settings), records its metrics.jsonl up to this model's step, machines where its steps
     ran (support/runs.machines), documents the corpus's count, total the run's planned steps; best: the folder is
-    the run's best model by STS-B dev."""
+    the run's best model by cfg.best_key's figure (--best-by)."""
     steps = [r for r in records if r["step"] > 0 and "contrastive" in r]
     step = steps[-1]["step"] if steps else 0
     model = json.loads((folder / "config.json").read_text())
     sbert = json.loads((folder / "sentence_bert_config.json").read_text())
     scores = {r["step"]: r["stsb_dev_spearman"] for r in records if r.get("stsb_dev_spearman") is not None}
+    picked = {r["step"]: r[cfg.best_key] for r in records if r.get(cfg.best_key) is not None} if best else {}
     text = "\n\n".join([front_matter(folder, cfg, scores.get(step)),
-                        summary(folder, cfg, model, sbert, step, total, scores if best else {}),
+                        summary(folder, cfg, model, sbert, step, total, picked),
                         training(cfg, steps, documents, machines),
-                        evaluation(folder, cfg, scores, step),
+                        evaluation(folder, cfg, scores, step) + spans(cfg, records, step),
                         usage(folder, sbert), f"## Citation\n\n```bibtex\n{CITATION}\n```"]) + "\n"
     write_atomic(folder / "README.md", lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
@@ -76,8 +79,8 @@ def started_from(start: str) -> str:
 
 
 def summary(folder: Path, cfg, model: dict, sbert: dict, step: int, total: int, scores: dict) -> str:
-    best = (f" It is the run's best model by STS-B dev ({scores[step]:.2f}), kept at step {step:,} of {total:,}."
-            if step in scores else "")  # scores: given for the best model only
+    best = (f" It is the run's best model by {BEST_BY[cfg.best_key]} ({scores[step]:.2f}), kept at step {step:,} of "
+            f"{total:,}." if step in scores else "")  # scores: given for the best model only
     return (f"# {folder.resolve().parent.name}/{folder.name}\n\n"
             f"A sentence encoder trained with DeCLUTR ({PAPER}) for {plural(step, 'step')}, starting from "
             f"{started_from(cfg.model)}.{best} It maps a text of up to {sbert['max_seq_length']} tokens to a "
@@ -152,6 +155,33 @@ def evaluation(folder: Path, cfg, scores: dict, step: int) -> str:
         top = max(later, key=later.get)
         out.append("- every evaluation: " + ", ".join(f"{v:.2f} (step {s:,})" for s, v in sorted(later.items())) +
                    f"; the best {later[top]:.2f}, at step {top:,}")
+    return "\n".join(out)
+
+
+def spans(cfg, records: list[dict], step: int) -> str:
+    """Held-out span retrieval (--eval-docs, --holdout-docs): the start's, word overlap's, this model's, and every
+    evaluation's MRR."""
+    rows = {r["step"]: r for r in records if r.get("spans_mrr") is not None}
+    if not rows:
+        return ""
+    where = f"`--eval-docs {' '.join(cfg.eval_docs)}`" if cfg.eval_docs else f"`--holdout-docs {cfg.holdout_docs}`"
+    out = ["", "", f"Held-out span retrieval on the run's own documents ({where}, {cfg.span_pairs:,} pairs at most): "
+           "each query span's target, a span near it in the same document sharing no text, among every target, "
+           "by cosine; MRR, recall@1 and recall@10 × 100:", ""]
+
+    def figures(r, prefix="spans_"):
+        return (f"{r[prefix + 'mrr']:.2f}, {r[prefix + 'recall_at_1']:.2f}, {r[prefix + 'recall_at_10']:.2f} "
+                f"({r[prefix + 'n']:,} pairs)")
+
+    if 0 in rows:
+        out.append(f"- the model the run started from: {figures(rows[0])}")
+        if "tfidf_spans_mrr" in rows[0]:
+            out.append(f"- word overlap (TF-IDF cosine of the spans' words): {figures(rows[0], 'tfidf_spans_')}")
+    if step in rows:
+        out.append(f"- this model (step {step:,}): {figures(rows[step])}")
+    later = {s: r["spans_mrr"] for s, r in rows.items() if s > 0}
+    if later:
+        out.append("- MRR at every evaluation: " + ", ".join(f"{v:.2f} (step {s:,})" for s, v in sorted(later.items())))
     return "\n".join(out)
 
 

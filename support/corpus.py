@@ -317,6 +317,29 @@ def _batches(texts, max_chars: int):
         yield batch
 
 
+# -----------------------------------------------------------------------------------------------
+# Documents kept out of training, for held-out span retrieval (train.py --holdout-docs, --eval-docs)
+
+HOLDOUT_SEED = 70  # not --seed: runs of every seed hold out the same documents, so their figures compare
+
+
+def held_out(corpus: Corpus, share: float) -> np.ndarray:
+    """--holdout-docs: the indices of that share of the corpus's documents (at least one), the same on every rank,
+    on resume and for every --seed."""
+    count = min(len(corpus), max(1, round(share * len(corpus))))
+    return np.sort(np.random.default_rng(HOLDOUT_SEED).permutation(len(corpus))[:count])
+
+
+def also_in(corpus: Corpus, other: Corpus) -> np.ndarray:
+    """The indices of the corpus's documents whose tokens are also one of `other`'s documents (tokenised alike)."""
+    def digest(c: Corpus, i: int) -> bytes:
+        return hashlib.blake2b(c.tokens[c.offsets[i]:c.offsets[i + 1]].tobytes(), digest_size=16).digest()
+
+    lengths = np.unique(corpus.lengths)
+    theirs = {digest(other, j) for j in np.flatnonzero(np.isin(other.lengths, lengths))}  # only same-length ones
+    return np.asarray([i for i in range(len(corpus)) if digest(corpus, i) in theirs], dtype=np.int64)
+
+
 def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
     """sampler.SpanBatches' documents: one line for what it cannot use (none, none long enough, too few for a step),
     or for what it uses; a --max-span lowered to fit the model's positions is said, unless it is the paper's 512
@@ -334,5 +357,7 @@ def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
     if batches.per_rank == 0 or batches.steps_per_epoch == 0:
         raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
                         f"{batches.world} ranks")
-    say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable:,} skipped as shorter than {shortest:,} "
-        f"tokens; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)
+    held = getattr(batches, "held_out", 0)
+    kept = f", {held:,} held out for evaluation (--holdout-docs)" if held else ""
+    say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable - held:,} skipped as shorter than {shortest:,} "
+        f"tokens{kept}; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)

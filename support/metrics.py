@@ -5,6 +5,9 @@ same numbers as TensorBoard event files in out/tensorboard/. A resumed run goes 
 metrics.jsonl is cut back to its checkpoint (support/runs.py), and TensorBoard forgets the steps after it.
 
     {"step": 0, "stsb_dev_spearman": 55.1}      with --eval-data: the model the run starts from
+    {"step": 0, "spans_mrr": 26.1, ..., "tfidf_spans_mrr": 24.4, ...}   with --eval-docs or --holdout-docs: held-out
+                                                span retrieval (MRR, R@1, R@10 x 100; alignment, uniformity), and
+                                                word overlap's at the start
     {"step": 1, "contrastive": 2.77, "mlm": 8.31, "lr": 3.1e-05, "grad_norm": 4.2, "tokens": 19872,
      "tokens_per_s": 20353}                     a step (tokens: all ranks'; + stsb_dev_spearman where evaluated)
 
@@ -25,9 +28,11 @@ from support.cli import UserError, say
 from support.runs import last_checkpoint
 
 METRICS, BOARD = "metrics.jsonl", "tensorboard"  # in the run folder
+SPAN_FIGURES = ("mrr", "recall_at_1", "recall_at_10", "alignment", "uniformity")  # evaluate_sts.span_retrieval's
 # metrics.jsonl's numbers as TensorBoard's tags, named as the Hugging Face Trainer names its own
 TAGS = {"contrastive": "train/contrastive", "mlm": "train/mlm", "lr": "train/learning_rate",
-        "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s", "stsb_dev_spearman": "eval/stsb_dev"}
+        "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s", "stsb_dev_spearman": "eval/stsb_dev",
+        **{f"spans_{k}": f"eval/spans_{k}" for k in SPAN_FIGURES}}
 
 
 def read_metrics(out: Path) -> list[dict]:
@@ -40,6 +45,16 @@ def read_metrics(out: Path) -> list[dict]:
             except json.JSONDecodeError:
                 pass
     return [r for r in records if isinstance(r, dict) and "step" in r]
+
+
+def evaluated(rec: dict) -> str:
+    """A log line's evaluation: STS-B dev, held-out span retrieval's MRR (and word overlap's, at the start)."""
+    out = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if rec.get("stsb_dev_spearman") is not None else ""
+    if "spans_mrr" in rec:
+        out += f" | spans MRR {rec['spans_mrr']:.2f}, R@1 {rec['spans_recall_at_1']:.2f}"
+    if "tfidf_spans_mrr" in rec:
+        out += f" (TF-IDF {rec['tfidf_spans_mrr']:.2f}, {rec['tfidf_spans_recall_at_1']:.2f})"
+    return out
 
 
 class Log:
@@ -76,15 +91,13 @@ class Log:
         if not line:
             return
         if "contrastive" not in rec:
-            print(f"step 0/{run.total} | STS-B dev {rec['stsb_dev_spearman']:.2f}: the model the run starts from",
-                  flush=True)
+            print(f"step 0/{run.total}{evaluated(rec)}: the model the run starts from", flush=True)
             return
         (t_old, _), (t_new, _) = self.clock[0], self.clock[-1]
         eta = (t_new - t_old) / (len(self.clock) - 1) * (run.total - rec["step"])
-        sts = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if "stsb_dev_spearman" in rec else ""
         print(f"step {rec['step']}/{run.total} | contrastive {rec['contrastive']:.4f} | mlm {rec['mlm']:.4f} | "
               f"lr {rec['lr']:.2e} | {rec['tokens_per_s']:,} tok/s | {time.time() - self.t0:.0f}s elapsed | "
-              f"ETA {eta:.0f}s{sts}", flush=True)
+              f"ETA {eta:.0f}s{evaluated(rec)}", flush=True)
 
     def close(self):
         if self.board:

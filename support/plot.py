@@ -40,7 +40,10 @@ def draw(runs: dict[str, list[dict]], output: Path, smooth: int = 0):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    spans_only = not any(r.get("stsb_dev_spearman") is not None for rs in runs.values() for r in rs)
     panels = [("contrastive", "contrastive loss (NT-Xent)"), ("mlm", "MLM loss"), ("lr", "learning rate"),
+              ("spans_mrr", "held-out span retrieval, MRR × 100") if spans_only and any(
+                  "spans_mrr" in r for rs in runs.values() for r in rs) else
               ("stsb_dev_spearman", "STS-B dev, Spearman × 100")]
     for (key, title), ax in zip(panels, axes.flat, strict=True):
         for k, (name, records) in enumerate(runs.items()):
@@ -52,17 +55,21 @@ def draw(runs: dict[str, list[dict]], output: Path, smooth: int = 0):
             if key in ("contrastive", "mlm"):  # one step's loss is noisy: each faint, their moving mean drawn
                 ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
                 values = moving_mean(list(values), smooth or max(1, len(values) // 50))
-            ax.plot(steps, values, color=color, label=name, marker="o" if key == "stsb_dev_spearman" else None,
-                    linewidth=1.5)
+            evaluated = key in ("stsb_dev_spearman", "spans_mrr")
+            ax.plot(steps, values, color=color, label=name, marker="o" if evaluated else None, linewidth=1.5)
+            for r in records if key == "spans_mrr" else []:  # word overlap's, the bar an encoder must clear
+                if r.get("tfidf_spans_mrr") is not None:
+                    ax.axhline(r["tfidf_spans_mrr"], color=color, linestyle="--", linewidth=1, label=f"{name}: TF-IDF")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if not ax.lines:
-            ax.text(0.5, 0.5, "not evaluated (train.py --eval-data)" if key == "stsb_dev_spearman" else "no steps",
+            ax.text(0.5, 0.5, "not evaluated (train.py --eval-data, --holdout-docs)" if key == "stsb_dev_spearman"
+                    else "no steps",
                     ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.set_xticks([])
             ax.set_yticks([])
-        elif len(runs) > 1:
+        elif len(runs) > 1 or key == "spans_mrr":
             ax.legend(fontsize=8)
     if len(runs) == 1:
         fig.suptitle(next(iter(runs)))

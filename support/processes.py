@@ -5,16 +5,19 @@ corpus) is made once while the others wait without a time limit; the process gro
 waiting at most --ddp-timeout.
 """
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from support.cli import UserError, first_line
-from support.corpus import Corpus, prepare_corpus
+from support.cli import UserError, first_line, say
+from support.corpus import Corpus, also_in, held_out, prepare_corpus
 from support.device import pick_device
 
 
@@ -108,6 +111,42 @@ def corpus_for_run(cfg, tok, proc: Process) -> Corpus:
     clean = not cfg.keep_whitespace
     return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(
         cfg.data, tok, cfg.cache_dir, clean=clean, field=cfg.text_field).dir), per_machine=True)))
+
+
+class EvalDocuments(NamedTuple):
+    """Held-out span retrieval's documents (train.py --holdout-docs, --eval-docs)."""
+    corpus: Corpus
+    docs: np.ndarray  # which of its documents the pairs are drawn from
+    held_out: np.ndarray  # which of the run's documents are kept out of training
+    flag: str  # the flag that gave them, to start a line about them
+
+
+def eval_documents(cfg, tok, proc: Process, corpus: Corpus) -> EvalDocuments | None:
+    """--holdout-docs: a share of the run's own documents, the same on every rank and on resume; --eval-docs: other
+    files, tokenised as the run's are, a document that is also a training document said, counted and left out."""
+    if cfg.holdout_docs:
+        docs = held_out(corpus, cfg.holdout_docs)
+        return EvalDocuments(corpus, docs, docs, f"--holdout-docs {cfg.holdout_docs}")
+    if not cfg.eval_docs:
+        return None
+    other = Corpus(Path(made_once(proc, "eval-docs", lambda: str(prepare_corpus(
+        cfg.eval_docs, tok, cfg.cache_dir, clean=not cfg.keep_whitespace, field=cfg.text_field).dir),
+        per_machine=True)))
+    if len(other) == 0:
+        raise UserError(f"--eval-docs {' '.join(cfg.eval_docs)}: no documents in them ({other.meta['summary']})")
+    shared = also_in(other, corpus)
+    if len(shared) and proc.rank == 0:
+        say(f"--eval-docs: {len(shared):,} of its {len(other):,} documents are also training documents; left out of "
+            f"the evaluation", file=sys.stderr)
+    return EvalDocuments(other, np.setdiff1d(np.arange(len(other)), shared), np.zeros(0, dtype=np.int64),
+                         f"--eval-docs {' '.join(cfg.eval_docs)}")
+
+
+def gather_rows(rows: np.ndarray) -> np.ndarray:
+    """Every rank's rows, in rank order, on every rank (an evaluation each process did a part of)."""
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, rows)
+    return np.concatenate(parts)
 
 
 def data_parallel(model, device: torch.device, find_unused: bool):

@@ -9,7 +9,7 @@ command that continues a run. How a run stops is support/stopping.py's. A run fo
     tensorboard/                     the same as TensorBoard's events (--tensorboard)
     checkpoints/step-00000500/       model.safetensors, config.json, tokenizer.json, ..., train_state.pt
     model/                           the final model, Hugging Face layout, and its model card (README.md)
-    best/                            the best model by STS-B dev (--eval-data), and its card
+    best/                            the best model by STS-B dev or held-out span retrieval (--best-by), and its card
 """
 import fcntl
 import io
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from support.card import BEST_BY
 from support.cli import UserError, first_line, flag, say
 from support.corpus import data_files
 from support.demo import demo_config
@@ -43,7 +44,13 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     overwrite: bool = flag(False, "start afresh in an out that holds an earlier run")
     log_every: int = flag(10, "steps between log lines (metrics.jsonl has every step)", low=1)
     eval_data: str = flag("", "STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best")
+    eval_docs: list = flag(list, "held-out span retrieval at every eval on these documents (not trained on)")
+    holdout_docs: float = flag(0.0, "held-out span retrieval on this share of --data's documents, kept out of training",
+                               low=0, high=0.5)
+    span_pairs: int = flag(4000, "held-out span retrieval's query-target pairs", low=1, high=20000)
     eval_every: int = flag(0, "steps between evaluations (0: only at the end)", low=0)
+    best_by: str = flag("", "out/best by STS-B dev (stsb) or held-out span retrieval's MRR (spans); default: stsb "
+                            "with --eval-data", choices=("", "stsb", "spans"))
     ckpt_every: int = flag(500, "steps between checkpoints", low=1)
     keep_ckpts: int = flag(2, "the newest checkpoints kept", low=1)
     workers: int = flag(2, "DataLoader worker processes per rank", low=0)
@@ -56,9 +63,22 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     def validate(self):
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite: continue the run, or replace it, not both", code=2)
+        if self.eval_docs and self.holdout_docs:
+            raise UserError("--eval-docs and --holdout-docs: held-out spans come from one or the other", code=2)
+        if self.best_by == "stsb" and not self.eval_data:
+            raise UserError("--best-by stsb needs --eval-data (STS-B dev)", code=2)
+        if self.best_by == "spans" and not (self.eval_docs or self.holdout_docs):
+            raise UserError("--best-by spans needs --eval-docs or --holdout-docs", code=2)
+
+    @property
+    def best_key(self) -> str | None:
+        """The evaluation's figure that picks out/best: --best-by's, else STS-B dev, else span retrieval's MRR."""
+        by = self.best_by or ("stsb" if self.eval_data else "spans" if self.eval_docs or self.holdout_docs else "")
+        return {"stsb": "stsb_dev_spearman", "spans": "spans_mrr"}.get(by)
 
 
-RESUMABLE = {f.name for f in fields(RunConfig)} - {"overwrite"}  # --resume takes these from the command line
+# --resume takes these from the command line; not what decides which documents train, nor what best/ is best by
+RESUMABLE = {f.name for f in fields(RunConfig)} - {"overwrite", "holdout_docs", "best_by"}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -242,6 +262,8 @@ def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
         raise UserError(f"--docs-per-step {cfg.docs_per_step}: does not split over {proc.world} ranks", code=2)
     cfg = replace(cfg, threads=run_threads(cfg, "threads" in given, resume_from, proc))  # stored with the run
     data_files(cfg.data, cfg.text_field)  # what the documents need (pyarrow for Parquet), before any model loads
+    if cfg.eval_docs:
+        data_files(cfg.eval_docs, cfg.text_field)
     return cfg, out, resume_from
 
 
@@ -362,9 +384,9 @@ def begin(proc: Process, out: Path, resume_from: Resume | None, ddp_timeout: int
     init_process_group(proc, ddp_timeout)
 
 
-def say_done(out: Path, best: float):
+def say_done(out: Path, best: float, key: str | None):
     """Where the model is, and the commands to embed text with it and evaluate it."""
-    kept = f", the best by STS-B dev ({best:.2f}) in {out / 'best'}" if best >= 0 else ""
+    kept = f", the best by {BEST_BY[key]} ({best:.2f}) in {out / 'best'}" if best >= 0 and key else ""
     print(f"done: the model is in {out / 'model'}{kept}")
     print(f"embed text with it:\n  printf 'A man is playing a guitar.\\nA woman is singing.\\n' | "
           f"python embed.py --model {out / 'model'} - --output {out / 'embeddings.npy'}")

@@ -25,23 +25,41 @@ WHY_FEW = (f"* fewer than {FEW} pairs: over so few pairs one pair more or less m
 
 
 def table(results: dict) -> str:
+    """Models side by side, a row per task (STS12-16: two, "all" and "mean"); SPANS (held-out span retrieval) a row
+    per figure; a model without a task (TF-IDF has SPANS alone) is blank there."""
     models = list(results)
     rows = []
-    for task in dict.fromkeys(t for r in results.values() for t in r):
-        first = results[models[0]][task]
-        for agg in (("all", "mean") if "all" in first else ("",)):
-            cells = []
-            for m in models:
-                r = results[m][task]
-                sp, pe = (r["spearman"], r["pearson"]) if not agg else (r[agg], r[f"pearson_{agg}"])
-                cells.append("   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})")
-            rows.append([f"{task} {agg}".strip(), f"{first['n']}" + ("*" if first["n"] < FEW else "")] + cells)
+    tasks = list(dict.fromkeys(t for r in results.values() for t in r))
+    for task in tasks:
+        first = next(r[task] for r in results.values() if task in r)
+        aggs = SPAN_ROWS if task == "SPANS" else ("all", "mean") if "all" in first else ("",)
+        for agg in aggs:
+            cells = [cell(results[m].get(task), agg) for m in models]
+            rows.append([f"{task} {SPAN_ROWS.get(agg, agg)}".strip(), f"{first['n']}" + ("*" if first["n"] < FEW else
+                                                                                            "")] + cells)
     head = ["task", "pairs"] + models
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [head, ["-" * w for w in widths]] + rows
     few = any(r[1].endswith("*") for r in rows)
+    spans = any("SPANS" in r for r in results.values())
     return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines] +
-                     ["Spearman x 100 of cosine similarity (Pearson x 100)"] + ([WHY_FEW] if few else []))
+                     ["Spearman x 100 of cosine similarity (Pearson x 100)"] * any(t != "SPANS" for t in tasks) +
+                     ([WHY_FEW] if few else []) +
+                     ([SPANS_SAY] if spans else []))
+
+
+SPAN_ROWS = {"mrr": "MRR", "recall_at_1": "R@1", "recall_at_10": "R@10"}
+SPANS_SAY = ("SPANS: held-out span retrieval on --docs, x 100: each query's target among every target (pairs), by "
+             "cosine")
+
+
+def cell(r: dict | None, agg: str) -> str:
+    if r is None:
+        return ""
+    if agg in SPAN_ROWS:
+        return f"{r[agg]:6.2f}"
+    sp, pe = (r["spearman"], r["pearson"]) if not agg else (r[agg], r[f"pearson_{agg}"])
+    return "   n/a" if np.isnan(sp) else f"{sp:6.2f} ({pe:6.2f})"
 
 
 # -----------------------------------------------------------------------------------------------

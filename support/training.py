@@ -2,7 +2,7 @@
 support/training.py: the run around train.py's loop, which a reader of the method can skip. A Run holds what the loop
 steps (the model, the optimizer, the batches) and does what each step leaves to be done (after_step): the ranks'
 agreement to stop after a SIGTERM, the step's numbers into metrics.jsonl, read once the next step is on its way so
-that a GPU never waits for the log, STS-B dev and the best model, checkpoints and their barrier; and a failure as
+that a GPU never waits for the log, the evaluation and the best model, checkpoints and their barrier; and a failure as
 one line. The run folder, resuming and processes are support/runs.py's and support/processes.py's.
 """
 import contextlib
@@ -40,7 +40,7 @@ class Run:
     latest_checkpoint: Path | None = None  # the newest checkpoint
     machines: list = field(default_factory=list)  # where its steps ran, for the model card (support/runs.machines)
     log: metrics.Log | None = None  # metrics.jsonl and the lines on stdout (TensorBoard's too), while the loop runs
-    evaluate: object = None  # () -> STS-B dev Spearman, with --eval-data
+    evaluate: object = None  # (start) -> {figure: value}: STS-B dev (--eval-data), held-out spans (--eval-docs ...)
     loader: object = None  # the batches' iterator, while the loop runs
     stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
     before: metrics.Figures | None = None  # the step before, whose numbers are read once the next is on its way
@@ -49,7 +49,8 @@ class Run:
         """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
         the process group up (support/runs.py), a checkpoint's state restored, the plan said (train.setup then puts
         DDP around the model).
-        evaluate: () -> STS-B dev, or None; lr_at(step, total) -> the learning rate."""
+        evaluate: (start: bool) -> the evaluation's figures, called on every rank, or None; lr_at(step, total) -> the
+        learning rate."""
         cfg, proc = self.cfg, self.proc
         if not resume_from and demo.scratch_name(cfg.model) is None and not Path(cfg.model).expanduser().is_dir():
             self.cfg = cfg = replace(cfg, model=f"{cfg.model.partition('@')[0]}@{self.encoder.source.name}")  # commit
@@ -65,11 +66,13 @@ class Run:
 
     def steps(self):
         """The batches of the steps left, made ahead by the DataLoader's workers; the starting model scored first
-        (with --eval-data), and what --compile built said last."""
+        (with --eval-data or held-out spans, beside word overlap's), and what --compile built said last."""
         self.stop.training = True
         self.log = metrics.Log(self, self.cfg.log_every, self.cfg.tensorboard)  # close() closes it
-        if self.evaluate and self.step == 0 and self.proc.rank == 0:  # the start's score, beside the run's
-            self.log.write({"step": 0, "stsb_dev_spearman": self.evaluate()})
+        if self.evaluate and self.step == 0:  # the start's score, beside the run's (every rank shares the work)
+            start = {"step": 0, **self.evaluate(True)}
+            if self.proc.rank == 0:
+                self.log.write(start)
         # Resuming at step k needs nothing of the steps before k (sampler.SpanBatches); close() ends the workers
         self.loader = prefetched_batches(self.batches, range(self.step, self.total), self.cfg.workers)
         yield from self.loader
@@ -116,10 +119,12 @@ class Run:
         return bool(stop)
 
     def score_and_keep_best(self, rec: dict):
-        """STS-B dev Spearman into the record (rank 0), and the best model so far kept in out/best."""
-        rec["stsb_dev_spearman"] = self.evaluate() if self.proc.rank == 0 else None  # dropout off (embed.encode's)
-        if self.proc.rank == 0 and rec["stsb_dev_spearman"] > self.best:
-            self.best = rec["stsb_dev_spearman"]
+        """The evaluation's figures into the record (rank 0 writes it), and the best model so far by --best-by's kept
+        in out/best."""
+        rec.update(self.evaluate(False))  # dropout off (embed.encode's)
+        key = self.cfg.best_key
+        if self.proc.rank == 0 and rec.get(key) is not None and rec[key] > self.best:
+            self.best = rec[key]
             self.hand_over(self.out / "best", [*metrics.read_metrics(self.out), rec], best=True)
 
     def hand_over(self, folder: Path, records: list[dict], best: bool = False):
@@ -148,7 +153,7 @@ class Run:
         another still uses them."""
         if self.proc.rank == 0:
             self.hand_over(self.out / "model", metrics.read_metrics(self.out))
-            runs.say_done(self.out, self.best)
+            runs.say_done(self.out, self.best, self.cfg.best_key)
         if self.proc.world > 1:
             dist.barrier()
 

@@ -73,3 +73,24 @@ def test_a_runs_steps_leave_out_the_starting_score_train_py_writes_first(tmp_pat
     assert ablation.curve(tmp_path, "run") == [(3, 57.5)]
     assert ablation.stage1_summary(ablation.metrics(tmp_path, "run")) == \
         "MLM loss 4.00 over its first 3 steps, 4.00 over its last 3"
+
+
+def test_span_table_tracks_sts_b_as_a_naive_rank_correlation(tmp_path):
+    """--holdout-docs: each run's Spearman of span MRR with STS-B dev over its evaluations (the start's included),
+    against a hand-worked value: MRR rising with STS-B is 100, one swapped pair of 4 points is 80 (1 - 6·2/60)."""
+    ablation = bench_script("ablation")
+    start = {"step": 0, "stsb_dev_spearman": 50.0, "spans_mrr": 10.0, "spans_n": 40, "spans_recall_at_1": 5.0,
+             "spans_recall_at_10": 20.0, "tfidf_spans_mrr": 12.0, "tfidf_spans_recall_at_1": 6.0,
+             "tfidf_spans_recall_at_10": 22.0, "spans_alignment": 1.0, "spans_uniformity": -2.0}
+    mrrs = {0: [11, 12, 13], 1: [12, 11, 13]}  # seed 1 swaps the first two evaluations
+    for seed, values in mrrs.items():
+        (tmp_path / f"both-seed{seed}").mkdir()
+        recs = [start] + [dict(start, step=s, stsb_dev_spearman=50.0 + s, spans_mrr=float(v), contrastive=1.0)
+                          for s, v in zip((1, 2, 3), values, strict=True)]
+        (tmp_path / f"both-seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert ablation.tracking(ablation.metrics_with_start(tmp_path, "both-seed0")) == 100
+    assert abs(ablation.tracking(ablation.metrics_with_start(tmp_path, "both-seed1")) - 80) < 1e-9
+    a = types.SimpleNamespace(pretrain_steps=0, fractions=[100], arms=["both"], seeds=[0, 1], holdout_docs=0.05)
+    table = ablation.span_tables(a, tmp_path)
+    assert "| – | both (DeCLUTR: all views, A = P = 2) | 13.00 ± 0.00 | **+3.00 ± 0.00** | – | 13.00 / 13.00 |" in table
+    assert "90.00 ± 14.14" in table and "word overlap (TF-IDF): MRR 12.00" in table

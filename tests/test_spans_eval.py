@@ -1,0 +1,296 @@
+"""Held-out span retrieval (issue 70): sampler.heldout_pair(s) draws pairs that never share text, evaluate_sts.py
+ranks them as a naive loop does, TF-IDF and Wang & Isola's figures as worked by hand, a model that cannot tell the
+spans apart scores chance, and train.py evaluates it on documents it never trains on, the same under torchrun and
+on resume."""
+import collections
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evaluate_sts as E
+import model as M
+import sampler as S
+import train as T
+from conftest import WORDS
+from support.corpus import prepare_corpus
+from test_train import free_port, reap, run_args, torchrun  # noqa: F401 (reap: a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- the pairs ----------------------------------------------------------------------------------------------
+
+def test_a_pair_never_shares_text_and_its_lengths_are_the_paper_s():
+    """Every pair: both spans inside the stretch, at least `gap` apart, lengths in [min, max]; the query's lengths
+    skew long (Beta(4, 2): mean 2/3 of the way from min to max), the target's short (Beta(2, 4): 1/3); the target
+    falls on both sides of the query; a stretch too short for a pair is refused."""
+    rng, lo, hi, gap = np.random.default_rng(0), 16, 64, 8
+    q_frac, t_frac, sides = [], [], collections.Counter()
+    for n in [2 * 16 + 8, 50, 100, 136, 500] * 400:
+        (q0, q1), (t0, t1) = S.heldout_pair(rng, n, lo, hi, gap)
+        top = min(hi, (n - gap) // 2)
+        assert 0 <= q0 < q1 <= n and 0 <= t0 < t1 <= n
+        assert lo <= q1 - q0 <= top and lo <= t1 - t0 <= top
+        assert t1 + gap <= q0 or q1 + gap <= t0, (n, q0, q1, t0, t1)
+        sides[t0 > q0] += 1
+        if n == 500:
+            q_frac.append((q1 - q0 - lo) / (hi - lo))
+            t_frac.append((t1 - t0 - lo) / (hi - lo))
+    # floor() lowers each length by half a token on average: 1/96 of the range here; 400 draws, sd about 0.009
+    assert abs(np.mean(q_frac) - (2 / 3 - 1 / 96)) < 0.04 and abs(np.mean(t_frac) - (1 / 3 - 1 / 96)) < 0.04
+    assert min(sides.values()) > 600
+    with pytest.raises(ValueError, match="need 40"):
+        S.heldout_pair(rng, 39, lo, hi, gap)
+
+
+def test_pairs_come_from_windows_that_share_no_text():
+    """heldout_pairs: no token in two pairs; at most `count`; a document shorter than a window gives one pair if it
+    holds one, none if not; the same pairs every time (a fixed seed)."""
+    lengths = np.array([1000, 39, 40, 300, 10_000, 0])
+    pairs = S.heldout_pairs(lengths, 10_000, 16, 64, 8)
+    window = 2 * 64 + 8
+    expected = [1000 // window, 0, 1, 300 // window, 10_000 // window, 0]
+    assert np.bincount(pairs[:, 0], minlength=len(lengths)).tolist() == expected
+    for d in range(len(lengths)):
+        used = np.zeros(lengths[d], dtype=int)
+        for _, q0, q1, t0, t1 in pairs[pairs[:, 0] == d]:
+            used[q0:q1] += 1
+            used[t0:t1] += 1
+        assert used.max(initial=0) <= 1
+    few = S.heldout_pairs(lengths, 7, 16, 64, 8)
+    assert len(few) == 7 and np.array_equal(few, S.heldout_pairs(lengths, 7, 16, 64, 8))
+
+
+# --- the figures --------------------------------------------------------------------------------------------
+
+def naive_ranks(sims):
+    """A loop: each query's target's place when every target is sorted by similarity, ties placed before it."""
+    ranks = []
+    for i, row in enumerate(sims):
+        ranks.append(1 + sum(1 for j, s in enumerate(row) if j != i and s >= row[i]))
+    return np.array(ranks)
+
+
+def test_ranks_recall_and_mrr_equal_a_naive_loop():
+    rng = np.random.default_rng(1)
+    q, t = rng.normal(size=(300, 16)), rng.normal(size=(300, 16))
+    t[:100] = q[:100] + 0.5 * rng.normal(size=(100, 16))  # a third of the pairs findable
+    q, t = q / np.linalg.norm(q, axis=1, keepdims=True), t / np.linalg.norm(t, axis=1, keepdims=True)
+    sims = q @ t.T
+    sims[5, 9] = sims[5, 5]  # a tie counts against
+    ranks = E.target_ranks(sims[i:i + 64] for i in range(0, 300, 64))
+    assert np.array_equal(ranks, naive_ranks(sims))
+    got = E.retrieval(ranks)
+    naive = naive_ranks(sims)
+    assert got["recall_at_1"] == pytest.approx(100 * np.mean(naive == 1))
+    assert got["recall_at_10"] == pytest.approx(100 * np.mean(naive <= 10))
+    assert got["mrr"] == pytest.approx(100 * np.mean([1 / r for r in naive]))
+    assert 30 < got["recall_at_10"] and E.retrieval(np.full(5, 5))["mrr"] == pytest.approx(20)
+    assert E.retrieval(E.target_ranks([np.ones((4, 4))]))["mrr"] == pytest.approx(25)  # all alike: every one last
+
+
+def test_alignment_and_uniformity_as_worked_by_hand():
+    """Two pairs on the unit circle: query (1, 0) with target (0, 1), query (0, 1) with target (0, 1). Alignment:
+    squared distances 2 and 0, mean 1. Uniformity over the 6 pairs of the 4 rows: squared distances 2, 2, 0, 2, 2,
+    0 (rows (1,0), (0,1), (0,1), (0,1)): 3 of 0 and 3 of 2, log((3 + 3e^-4) / 6)."""
+    q, t = np.array([[1.0, 0], [0, 1]]), np.array([[0.0, 1], [0, 1]])
+    got = E.alignment_uniformity(q, t, chunk=3)
+    assert got["alignment"] == pytest.approx(1.0)
+    assert got["uniformity"] == pytest.approx(math.log((3 + 3 * math.exp(-4)) / 6))
+
+
+def naive_tfidf(texts):
+    words = [E.WORD.findall(t.lower()) for t in texts]
+    df = collections.Counter(w for ws in words for w in set(ws))
+    rows = []
+    for ws in words:
+        v = {w: c * (math.log((1 + len(texts)) / (1 + df[w])) + 1) for w, c in collections.Counter(ws).items()}
+        norm = math.sqrt(sum(x * x for x in v.values()))
+        rows.append({w: x / norm for w, x in v.items()})
+    return rows
+
+
+def test_tfidf_equals_a_naive_dictionary_loop():
+    texts = ["The cat sat on the mat.", "A dog; the DOG barked!", "cat and dog and cat", "moon", "", "the the the"]
+    dense = E.tfidf_rows(texts).to_dense().numpy()
+    naive = naive_tfidf(texts)
+    for i in range(len(texts)):
+        for j in range(len(texts)):
+            expected = sum(x * naive[j].get(w, 0.0) for w, x in naive[i].items())
+            assert (dense[i] @ dense[j]) == pytest.approx(expected)
+    got = E.word_overlap(["the cat sat", "a dog barked", "moon rises"], ["cat sat down", "dog barked loud", "x"])
+    assert (got["recall_at_1"], got["n"]) == (pytest.approx(200 / 3), 3)  # the third target shares no word: last
+
+
+def random_word_docs(folder: Path, n_docs: int, n_words: int, topics: bool, seed=0):
+    """Documents of random words: from the whole list (no span can tell where it came from), or each document from
+    ten words of its own (a span tells which document it came from, not where in it)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    vocab = [f"{w}{k}" for w in WORDS for k in range(20)]  # 300 words
+    for i in range(n_docs):
+        words = vocab[(10 * i) % 300:(10 * i) % 300 + 10] if topics else vocab
+        (folder / f"{i}.txt").write_text(" ".join(words[j] for j in rng.integers(0, len(words), n_words)))
+    return folder
+
+
+def test_a_model_that_cannot_tell_spans_apart_scores_chance(tmp_path, tiny):
+    """400 pairs from documents of random words: nothing in a span says which target lay near it, so a random-init
+    encoder and TF-IDF find a target no better than chance (recall@1 1/400, MRR about 1.7%; the bounds are over ten
+    standard deviations away); documents with words of their own show the measure can tell (about 13 targets in
+    each document: MRR near 1/4)."""
+    model, tok = M.load_pretrained(str(tiny), quiet=True)
+    figures = {}
+    for topics in (False, True):
+        folder = random_word_docs(tmp_path / f"t{topics}", 30, 2000, topics)
+        corpus = prepare_corpus([folder], tok, str(tmp_path / "cache"))
+        spans = E.span_texts(corpus, np.arange(len(corpus)), tok, 400, 8, 32)
+        assert len(spans[0]) == 400 and not set(spans[0]) & set(spans[1])
+        figures[topics] = E.span_retrieval(model, tok, *spans), E.word_overlap(*spans)
+    for found in figures[False]:
+        assert found["recall_at_1"] < 3 and found["mrr"] < 5, found
+    for found in figures[True]:
+        assert found["mrr"] > 12, found
+
+
+# --- evaluate_sts.py and train.py ------------------------------------------------------------------------------
+
+def test_evaluate_sts_scores_spans_beside_tfidf(tmp_path, tiny, capsys):
+    """--docs: a SPANS row (MRR, R@1, R@10) for each model side by side, and TF-IDF's column; the JSON holds every
+    figure; no documents, or none long enough, is one line."""
+    docs = random_word_docs(tmp_path / "d", 6, 4000, True)
+    E.main(["--model", str(tiny), "--model", str(tiny), "--docs", str(docs), "--json", str(tmp_path / "o.json"),
+            "--span-pairs", "50", "--cache-dir", str(tmp_path / "cache")])
+    out = capsys.readouterr().out
+    assert [line.split()[:2] for line in out.splitlines()[2:5]] == [["SPANS", "MRR"], ["SPANS", "R@1"],
+                                                                   ["SPANS", "R@10"]]
+    assert "TF-IDF (words)" in out.splitlines()[0] and "Spearman" not in out
+    got = json.loads((tmp_path / "o.json").read_text())
+    assert got[str(tiny)]["SPANS"]["n"] == 50 and set(got["TF-IDF (words)"]["SPANS"]) >= {"mrr", "recall_at_1"}
+    assert {"alignment", "uniformity"} <= set(got[str(tiny)]["SPANS"])
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("the cat sat on the mat")
+    (tmp_path / "empty").mkdir()
+    for bad, says in ((tmp_path / "short", f"--docs {tmp_path / 'short'}: none of its 1 documents holds two spans"),
+                      (tmp_path / "none", f"{tmp_path / 'none'}: no such file or directory"),
+                      (tmp_path / "empty", f"{tmp_path / 'empty'}")):
+        r = subprocess.run([sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(tiny), "--docs", str(bad),
+                            "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, cwd=tmp_path)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode != 0 and last.startswith("error: ") and says in last, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def span_run(docs, out, *extra):
+    return run_args(docs, out, "--steps", "4", "--eval-every", "2", "--ckpt-every", "2", "--span-pairs", "40",
+                    *extra)
+
+
+def test_holdout_docs_are_never_trained_on_and_pick_best(tmp_path, docs, monkeypatch, capsys):
+    """--holdout-docs: its documents are in no batch of any step; the start is scored beside TF-IDF; out/best is the
+    best by span MRR (no --eval-data) and its card says so; a resume from the step-2 checkpoint evaluates the same
+    pairs (step 4's figures as the run never stopped)."""
+    T.main(span_run(docs, tmp_path / "a", "--holdout-docs", "0.25"))
+    recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert {"spans_mrr", "tfidf_spans_mrr", "spans_uniformity"} <= set(recs[0]) and recs[0]["step"] == 0
+    evaluated = {r["step"]: r["spans_mrr"] for r in recs if "spans_mrr" in r}
+    assert sorted(evaluated) == [0, 2, 4]
+    best = max((s for s in evaluated if s > 0), key=lambda s: (evaluated[s], -s))
+    card = (tmp_path / "a" / "best" / "README.md").read_text()
+    assert f"best model by held-out span retrieval's MRR ({evaluated[best]:.2f}), kept at step {best}" in card
+    assert "word overlap (TF-IDF" in card
+    # no batch of the run's steps holds a held-out document
+    from support.corpus import Corpus, held_out
+
+    tok = M.load_pretrained(str(tmp_path / "a" / "model"), quiet=True)[1]
+    corpus = prepare_corpus([docs], tok, str(tmp_path / "cache"))
+    kept = held_out(Corpus(corpus.dir), 0.25)
+    cfg = T.TrainConfig(docs_per_step=4, min_span=8, max_span=32)
+    batches = S.SpanBatches(corpus, tok, cfg, 512, held_out=kept)
+    assert len(kept) == 2 and not set(kept) & {int(d) for s in range(4) for d in batches[s]["anchor_doc"]}
+    assert "2 held out for evaluation" in capsys.readouterr().err
+    # resumed from step 2: step 4 evaluates the same pairs
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000004")
+    T.main(["--out", str(tmp_path / "b"), "--resume", "--workers", "0"])
+    again = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    def spans_at_4(records):
+        return [{k: v for k, v in r.items() if k.startswith("spans_")} for r in records if r["step"] == 4]
+
+    assert spans_at_4(again) == spans_at_4(recs) and len(spans_at_4(recs)[0]) == 6
+
+
+def test_eval_docs_that_are_training_documents_are_left_out(tmp_path, docs, capsys):
+    """--eval-docs holding two of the training documents and six of its own: said, counted, left out."""
+    ev = random_word_docs(tmp_path / "ev", 6, 600, False, seed=5)
+    for name in ("0.txt", "1.txt"):
+        shutil.copy(docs / name, ev / f"copy-{name}")
+    T.main(span_run(docs, tmp_path / "a", "--eval-docs", str(ev)))
+    assert "--eval-docs: 2 of its 8 documents are also training documents; left out of the evaluation" in \
+        capsys.readouterr().err
+    rec = json.loads((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["spans_n"] == 40 and rec["step"] == 0
+
+
+def test_span_flags_that_cannot_work_are_one_line(tmp_path, docs, capsys):
+    """Each a line that names the flag or the file, before any model loads where the flags alone tell."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "short").mkdir()
+    (tmp_path / "short" / "a.txt").write_text("the cat sat on the mat")
+    for extra, says in ((["--eval-docs", str(tmp_path / "empty")], f"{tmp_path / 'empty'}"),
+                        (["--eval-docs", str(tmp_path / "short")],
+                         f"--eval-docs {tmp_path / 'short'}: none of its 1 documents holds two spans of 8 tokens"),
+                        (["--eval-docs", str(docs), "--holdout-docs", "0.1"], "from one or the other"),
+                        (["--best-by", "stsb"], "--best-by stsb needs --eval-data"),
+                        (["--best-by", "spans"], "--best-by spans needs --eval-docs or --holdout-docs"),
+                        (["--eval-docs", str(tmp_path / "nowhere")], "nowhere")):
+        with pytest.raises(SystemExit) as e:
+            T.main(span_run(docs, tmp_path / "a", *extra))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code != 0 and says in err[-1] and err[-1].startswith("error: "), err
+        assert len(err) == 1 or "short" in says, err  # the flags alone: before any model or corpus
+
+
+@pytest.mark.slow
+def test_two_ranks_share_the_spans_and_score_as_one_process(tmp_path, docs, reap):  # noqa: F811
+    """torchrun, 2 ranks: each embeds half the spans; the start's figures (the same model, the same pairs) equal one
+    plain process's."""
+    T.main(span_run(docs, tmp_path / "one", "--holdout-docs", "0.25", "--steps", "2"))
+    p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
+                      *span_run(docs, tmp_path / "two", "--holdout-docs", "0.25", "--steps", "2")),
+             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = p.communicate(timeout=150)[0]
+    assert p.returncode == 0, out[-3000:]
+    one, two = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("one", "two"))
+    assert one.keys() == two.keys() and one["spans_n"] == 16  # all the 2 held-out documents hold
+    for k in one:
+        assert two[k] == pytest.approx(one[k], abs=1e-5), k
+
+
+def test_each_rank_embeds_its_share_and_gathers_the_whole(tiny, monkeypatch):
+    """span_retrieval under torchrun, played in one process: each of 2 ranks embeds half the texts; with every rank's
+    rows gathered, the figures are one process's."""
+    model, tok = M.load_pretrained(str(tiny), quiet=True)
+    rng = np.random.default_rng(3)
+    queries = [" ".join(rng.choice(WORDS, 12)) for _ in range(30)]
+    targets = [q.split()[0] + " " + " ".join(rng.choice(WORDS, 6)) for q in queries]
+    whole = E.span_retrieval(model, tok, queries, targets)
+    seen, parts, real = [], {}, E.encode
+    monkeypatch.setattr(E, "encode", lambda texts, *a, **k: seen.append(len(texts)) or real(texts, *a, **k))
+
+    def gather(rows, rank):
+        parts[rank] = rows
+        return np.concatenate([parts.get(0, rows), parts.get(1, rows)])  # rank 1 goes first: its figures are not used
+
+    E.span_retrieval(model, tok, queries, targets, share=(1, 2, lambda rows: gather(rows, 1)))
+    shared = E.span_retrieval(model, tok, queries, targets, share=(0, 2, lambda rows: gather(rows, 0)))
+    assert seen == [30, 30]
+    for k in whole:
+        assert shared[k] == pytest.approx(whole[k], abs=1e-5), k
