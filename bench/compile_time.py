@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from support.cli import bench  # noqa: E402
+from support.cli import UserError, bench  # noqa: E402
 
 
 def one_case(width: int, layers: int, backend: str) -> dict:
@@ -32,12 +32,11 @@ def one_case(width: int, layers: int, backend: str) -> dict:
 
     import torch
 
-    sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
-    from gpu_memory import span_batch
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    from _spans import span_batch, step_chunks
 
     import model
     import train
-    from conftest import step_chunks
     from support.device import compiled_graphs
 
     torch.compile = functools.partial(torch.compile, backend=backend)
@@ -81,6 +80,7 @@ def main():
     cases = [(64, 2)] + [(768, n) for n in a.layers]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; seconds to compile, less eager")
     print(f"{'model':<16} {'backend':<10} {'training graph':>15} {'no-grad graph':>14}")
+    failed = []
     for backend in a.backends:
         for width, layers in cases:
             with tempfile.TemporaryDirectory() as cache:  # cold: nothing compiled before, as on a fresh machine
@@ -88,11 +88,14 @@ def main():
                 out = subprocess.run([sys.executable, __file__, "--case", f"{width},{layers},{backend}"],
                                      capture_output=True, text=True, env=env)
             if out.returncode:
-                print(f"{width}x{layers} {backend}: failed\n{out.stderr[-2000:]}")
+                why = [line for line in out.stderr.splitlines() if line.strip()] or ["no output"]
+                failed.append(f"{layers} x {width} {backend}: {why[-1].strip()[:200]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             name = f"{layers} x {width}"
             print(f"{name:<16} {backend:<10} {r['train_graph_s']:>15.1f} {r['no_grad_graph_s']:>14.1f}", flush=True)
+    if failed:  # a case that measured nothing is no figure: said, and the exit says so
+        raise UserError(f"{len(failed)} of {len(a.backends) * len(cases)} cases failed; the first, {failed[0]}")
 
 
 if __name__ == "__main__":

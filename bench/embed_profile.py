@@ -26,6 +26,8 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _measure import dense_flops, peak, processor  # noqa: E402 (bench/_measure.py: embed_speed.py's too)
+
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
 from support import cpu_layers  # noqa: E402
@@ -41,42 +43,6 @@ KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
          "dense matmuls": ("addmm", "mm", "linear", "onednn", "mkldnn"),
          "layer norm": ("layer_norm",), "gelu": ("gelu",), "gather/scatter (packing)": ("index", "gather", "scatter")}
-
-
-def dense_flops(c) -> int:
-    """Multiply-adds x 2 of one token through the dense layers: q, k, v, the output, and the feed-forward."""
-    h, i = c.hidden_size, c.intermediate_size
-    return 2 * c.num_hidden_layers * (3 * h * h + h * h + 2 * h * i)
-
-
-def peak(c, dtype, threads: int, rounds: int = 15) -> tuple[float, float]:
-    """GFLOP/s of the model's products at 2,048 rows, the mix a token meets, and the better of torch's two CPU kernels
-    for them: `a @ b` (MKL in fp32, oneDNN in bf16) and oneDNN's with the weight laid out ahead, as embed.py runs them
-    (support.cpu_layers.PackedLinear): on a Zen 4, fp32 200-205 GFLOP/s against MKL's 148-168, bf16 401-421 against
-    385-390; a peak without them would flatter every share. The best of `rounds`, and their median: on a shared AMX
-    Xeon the same products ran at 730-930 GFLOP/s most seconds and 2,100-2,450 in others (docs/measurements.md)."""
-    h, i = c.hidden_size, c.intermediate_size
-    torch.set_num_threads(threads)
-    shapes = [(h, 3 * h), (h, h), (h, i), (i, h)]
-    xs = [(torch.randn(2048, k, dtype=dtype), torch.randn(k, n, dtype=dtype)) for k, n in shapes]
-    flops = sum(2 * 2048 * k * n for k, n in shapes)
-    ways = [[(lambda a=a, b=b: a @ b) for a, b in xs]]
-    if torch.backends.mkldnn.is_available():
-        packed = [(a, torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), None)) for a, b in xs]
-        ways.append([(lambda a=a, w=w: torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], ""))
-                     for a, w in packed])
-    rates = []  # (GFLOP/s of each round) for each kernel
-    for products in ways:
-        rates.append([])
-        for _ in range(rounds):
-            for product in products:  # warm
-                product()
-            t = time.perf_counter()
-            for _ in range(10):
-                for product in products:
-                    product()
-            rates[-1].append(10 * flops / (time.perf_counter() - t) / 1e9)
-    return max(map(max, rates)), max(map(float, map(np.median, rates)))
 
 
 def products_free(tokenized, model, tok, dtype) -> float | None:
@@ -165,7 +131,6 @@ def main():
     if dtype == torch.bfloat16:  # where embed.py runs bf16, the processor multiplies it
         peaks["bf16"] = peak(model.config, torch.bfloat16, threads)
     kinds = op_kinds(model, tok, texts[:16384], dtype)
-    from embed_speed import processor  # a script beside this one, which imports this one's peak
     name = str(dtype).removeprefix("torch.") if dtype else "float32"
     print(f"all-MiniLM-L6-v2, {len(texts):,} lines, {tokens:,} tokens ({tokens / len(texts):.1f} a line), dtype "
           f"{name}, {threads} threads, torch {torch.__version__}; {processor()}; AMX usable by torch: "

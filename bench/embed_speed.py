@@ -27,51 +27,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _measure import measured, processor  # noqa: E402 (bench/_measure.py: what the other embedding benchmarks use)
+
 from evaluate_sts import spearman  # noqa: E402
 from support.cli import UserError, bench  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
-
-
-def measured(cmd, busy: bool = False) -> tuple[float, float]:
-    """(seconds, peak resident MB) of one command, beside one busy process if asked; the peak from the kernel's
-    accounting in a parent of its own."""
-    probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
-             "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
-             "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-    try:
-        if busy:
-            time.sleep(0.5)  # already busy when the command starts
-        out = subprocess.run([sys.executable, "-c", probe, *map(str, cmd)], check=True, capture_output=True, text=True)
-    finally:
-        if spinner:
-            spinner.kill()
-            spinner.wait()
-    seconds, kb = out.stdout.split()
-    return float(seconds), int(kb) / 1024
-
-
-def processor() -> str:
-    """The CPU as /proc/cpuinfo names it (family and model where the name is only "AMD EPYC"), the cores this process
-    may use, and its units for bf16 and int8 products."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    fields = {}
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name", "?")
-    if "cpu family" in fields:
-        name += f" (family {fields['cpu family']} model {fields.get('model', '?')})"
-    flags = set(info.split())
-    units = [f for f in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx2") if f in flags]
-    return f"{name}, {len(os.sched_getaffinity(0))} cores ({', '.join(units)})"
 
 
 def arms(a, model: Path, exported: Path | None, has_bf16: bool) -> dict[str, callable]:
@@ -165,7 +131,7 @@ def work_and_peak(model: Path, lines: Path, has_bf16: bool) -> tuple[float, floa
     compute, is not useful work), and the model's own products on this processor's threads, the best of fp32 and,
     where the processor multiplies it, bf16: their best round, and the median of their rounds."""
     import torch
-    from embed_profile import dense_flops, peak
+    from _measure import dense_flops, peak
 
     import embed as E
     import model as M

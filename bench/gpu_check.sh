@@ -6,6 +6,11 @@
 #   bash bench/gpu_check.sh               # on a GPU
 #   bash bench/gpu_check.sh --dry-run     # on a CPU first: every section that can run there, small
 set -uo pipefail
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then  # before anything runs
+    echo "usage: bash bench/gpu_check.sh [--dry-run] [--sections LETTERS] [--json FILE]"
+    sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 py=$(command -v python3 || command -v python)  # the GPU machine's image has python3 and no python
 limit=470

@@ -7,6 +7,11 @@
 #   bash bench/gpu_env_dry_run.sh                  # venv in ~/.cache/declutr/venv-gpu-machine, made once
 #   VENV=/tmp/v bash bench/gpu_env_dry_run.sh --sections ad
 set -euo pipefail
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then  # before any venv is made
+    echo "usage: [VENV=DIR] [OUT=DIR] bash bench/gpu_env_dry_run.sh [gpu_check.py's flags: --sections LETTERS ...]"
+    sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 venv=${VENV:-$HOME/.cache/declutr/venv-gpu-machine}
 if [[ ! -x "$venv/bin/python3" ]]; then

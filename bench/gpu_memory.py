@@ -22,38 +22,18 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from _spans import span_batch, step_chunks  # noqa: E402
+
 import model  # noqa: E402
-import sampler  # noqa: E402
 import train  # noqa: E402
-from conftest import step_chunks  # noqa: E402
 from support import chunks, demo  # noqa: E402
 from support.cli import bench  # noqa: E402
 
 GIB = 2**30
-
-
-def span_batch(n_docs: int, vocab: int, seed: int = 0, A: int = 2, P: int = 2, max_span: int = 510):
-    """A step's batch in the sampler's layout, lengths by its laws, random token ids; BERT-style MLM on the anchors."""
-    rng = np.random.default_rng(seed)
-
-    def spans(n, a, b):
-        lengths = np.array([sampler.span_length(rng, a, b, 32, max_span) + 2 for _ in range(n)])
-        ids = np.ones((n, lengths.max()), dtype=np.int64)  # padding id 1, RoBERTa's
-        for row, k in zip(ids, lengths, strict=True):
-            row[0], row[1:k - 1], row[k - 1] = 0, rng.integers(5, vocab, k - 2), 2
-        return ids, lengths
-
-    a, al = spans(n_docs * A, 4, 2)
-    p, pl = spans(n_docs * A * P, 2, 4)
-    m_in, m_lab = sampler.mask_tokens(a, ~np.isin(a, [0, 1, 2]), rng, 4, np.arange(5, vocab))
-    t = torch.from_numpy
-    return dict(anchors=t(a), anchor_lengths=t(al), positives=t(p), positive_lengths=t(pl), mlm_inputs=t(m_in),
-                mlm_labels=t(m_lab))
 
 
 class SavedBytes:

@@ -75,7 +75,7 @@ def base_model(folder: Path, books: list[str]):
 
 
 def embedding(a, d: Path, model: Path, tok, books: list[str], stsb: Path) -> list[dict]:
-    from embed_speed import measured
+    from _measure import measured
 
     rows = stsb.read_text(encoding="utf-8").splitlines()
     sentences = [s for r in rows for s in r.split("\t")[5:7]][:a.sentences]
@@ -121,7 +121,7 @@ def train_once(max_span: int, docs: int, steps: int, grad_cache: bool) -> dict:
     import time
 
     import torch
-    from gpu_memory import span_batch
+    from _spans import span_batch
 
     import model as M
     import train as T
@@ -182,7 +182,7 @@ def main():
         return print(json.dumps(train_once(a.train_once, a.docs, a.steps, a.grad_cache)))
     optional("sentence_transformers")
     import torch
-    from embed_speed import processor
+    from _measure import processor
 
     shared = Path(a.shared)
     stsb = shared / "data/sts/stsbenchmark/sts-train.csv"

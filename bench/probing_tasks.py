@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.cli import bench  # noqa: E402
+from support.cli import UserError, bench  # noqa: E402
 
 TOKEN = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")  # words (with their apostrophes) and punctuation marks, one each
 END = re.compile(r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]*[A-Z])")  # a sentence's end: a capital follows
@@ -83,14 +83,15 @@ def sentences(books) -> list[list[str]]:
     return out
 
 
-def balanced(groups: dict, sizes: tuple, rng: np.random.Generator) -> dict:
+def balanced(groups: dict, sizes: tuple, rng: np.random.Generator, task: str = "") -> dict:
     """{split: (texts, labels)}: from each class's sentences (label -> list of texts), sizes[i] for split i, drawn
     without replacement; a class with too few is an error (the caller picks only classes that have enough)."""
     out = {split: ([], []) for split in SPLITS}
     for label, texts in groups.items():
         need = sum(sizes)
-        if len(texts) < need:
-            raise ValueError(f"class {label!r}: {len(texts)} sentences, {need} needed")
+        if len(texts) < need:  # too few books: one line, not a traceback
+            raise UserError(f"{task}: class {label!r} has {len(texts):,} sentences in these books, {need:,} needed "
+                            f"(train, dev and test: {', '.join(f'{n:,}' for n in sizes)}); give more books")
         picked = [texts[i] for i in rng.choice(len(texts), need, replace=False)]
         for split, lo, hi in zip(SPLITS, np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes), strict=True):
             out[split][0].extend(picked[lo:hi])
@@ -107,7 +108,7 @@ def sentence_length(sents, rng, sizes=(3000, 600, 600)) -> dict:
     for tokens in sents:
         label = next(i for i, (lo, hi) in enumerate(BINS) if lo <= len(tokens) <= hi)
         groups[label].append(" ".join(tokens))
-    return balanced(dict(sorted(groups.items())), sizes, rng)
+    return balanced(dict(sorted(groups.items())), sizes, rng, "SentLen")
 
 
 def word_content(sents, rng, words=1000, sizes=(8, 2, 2), from_rank=1000) -> tuple[dict, list[str]]:
@@ -132,7 +133,7 @@ def word_content(sents, rng, words=1000, sizes=(8, 2, 2), from_rank=1000) -> tup
                              f"{sum(sizes)} sentences each: give more books")
         targets = [w for w in targets if w not in short] + candidates[tried:tried + len(short)]
         tried += len(short)
-    return balanced({w: holding[w] for w in targets}, sizes, rng), targets
+    return balanced({w: holding[w] for w in targets}, sizes, rng, "WC"), targets
 
 
 def bigram_shift(sents, rng, sizes=(6000, 1500, 1500)) -> dict:
@@ -154,7 +155,7 @@ def bigram_shift(sents, rng, sizes=(6000, 1500, 1500)) -> dict:
             inverted.append(" ".join(tokens[:j] + [tokens[j + 1], tokens[j]] + tokens[j + 2:]))
         if len(inverted) == per_class:
             break
-    return balanced({"O": original, "I": inverted}, sizes, rng)
+    return balanced({"O": original, "I": inverted}, sizes, rng, "BShift")
 
 
 def build(books, seed: int = 0) -> dict:

@@ -62,10 +62,27 @@ def bench(main):
                 raise UserError(f"{e.filename}: is a file, where a folder should be") from None
             raise UserError(f"{e.filename}: {e.strerror}" if e.filename else str(e)) from None
         except subprocess.CalledProcessError as e:
-            command = " ".join(str(c) for c in e.cmd[1:3]) if isinstance(e.cmd, list) else str(e.cmd)
-            raise UserError(f"{command} ... stopped with exit code {e.returncode} (its output says why)") from None
+            raise UserError(f"{step_name(e.cmd)} stopped with exit code {e.returncode}: {step_why(e)}") from None
 
     return cli(wrapped)
+
+
+def step_name(cmd) -> str:
+    """A step a benchmark ran as a process, as a reader knows it: the script and its first argument, not the text of
+    an embedded `python -c` program."""
+    args = [str(c) for c in cmd] if isinstance(cmd, (list, tuple)) else str(cmd).split()
+    if args[1:2] == ["-c"]:
+        return "a python -c step"
+    return " ".join(os.path.basename(a) for a in args[:3]) + " ..."
+
+
+def step_why(e: subprocess.CalledProcessError) -> str:
+    """The last line the failed step wrote, where it was captured (else it is above, on the terminal)."""
+    for out in (e.stderr, e.output):
+        text = out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+        if lines := [line.strip() for line in text.splitlines() if line.strip()]:
+            return lines[-1][:300]
+    return "its output above says why"
 
 
 def optional(module: str, install: str = ""):

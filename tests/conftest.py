@@ -31,7 +31,8 @@ def the_users_shell_does_not_matter(monkeypatch, tmp_path_factory):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: an end-to-end run of several processes; deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "slow: over about 1.5 s on 2 cores (end-to-end runs of processes, compiling, "
+                                       "real models); the inner loop deselects them: -m 'not slow'")
 
 
 def missing(what: str):
@@ -207,15 +208,10 @@ def half_batch(batch, rank, world, A=2, P=2):
 
 
 def step_chunks(batch, encoder, cfg=None, multiple=None):
-    """A step's spans cut into chunks as train.train_step cuts them (support/chunks.py's Chunks)."""
-    import train as T
-    from support.chunks import Chunks
-    from support.device import autocast_dtype
+    """A step's spans cut into chunks as train.train_step cuts them: bench/_spans.py's, shared with the benchmarks."""
+    return _spans().step_chunks(batch, encoder, cfg, multiple)
 
-    cfg = cfg or T.TrainConfig()
-    dev, n, P = next(encoder.parameters()).device, len(batch["anchors"]), cfg.num_positives if cfg.contrastive else 0
-    anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
-    groups = [(anchors, batch["anchor_lengths"]), (batch["positives"][:n * P], batch["positive_lengths"][:n * P])]
-    return Chunks(groups, batch["mlm_labels"] if cfg.mlm else None, cfg.chunk_tokens, dev,
-                  autocast_dtype(cfg.dtype, dev), encoder.config.pad_token_id, **({"multiple": multiple} if multiple
-                                                                                  else {}))
+
+@functools.cache
+def _spans():
+    return bench_script("_spans")

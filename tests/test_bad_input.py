@@ -142,6 +142,7 @@ def limited(max_bytes):
 @pytest.mark.parametrize("where, max_bytes, expect", [("corpus", 4_000, "cache/corpus-"),
                                                       ("weights", 60_000, "checkpoints/step-00000002"),
                                                       ("train state", 1_000_000, "checkpoints/step-00000002")])
+@pytest.mark.slow
 def test_train_on_a_full_disk_is_one_line(tmp_path, docs, where, max_bytes, expect):
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", "scratch:tiny", "--data", str(docs),
                         "--out", str(tmp_path / "run"), "--min-span", "8", "--max-span", "32", "--docs-per-step", "4",
@@ -340,6 +341,7 @@ def test_sampler_flags(tmp_path, docs, capsys):
     (["--lr", "nan"], "--lr nan: must be between 0 and 1, both excluded"),  # these three were tracebacks
     (["--warmup-frac", "nan"], "--warmup-frac nan: must be between 0 and 1"),
     (["--seed", "-1"], "--seed -1: must be between 0 and 4294967295")])
+@pytest.mark.slow
 def test_no_traceback_from_a_real_process(tmp_path, docs, flags, expect):
     """The same through the command line, as a user meets it: one line, exit 2, nothing else on stderr."""
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", str(docs), *flags],

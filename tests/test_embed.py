@@ -71,6 +71,7 @@ def test_long_chunk_is_the_mean_of_overlapping_windows():
     assert np.abs(trunc[0] - want).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_cli_matches_sentence_transformers(tmp_path):
     model = minilm()
     st = oracle("sentence_transformers")
@@ -123,6 +124,7 @@ def test_bf16_rows_are_fp32_and_near_the_naive_fp32_ones(tiny):
     assert cos.min() >= 0.9999, cos.min()
 
 
+@pytest.mark.slow
 def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny):
     """Autocast keeps one bf16 copy of each weight for all of a call's batches; under inference_mode it would cast
     every weight again for every batch (its cache skips such calls): the casts of the up-projections' weights,
@@ -332,6 +334,7 @@ def run(*args, stdin=None):
                           input=stdin, timeout=300)
 
 
+@pytest.mark.slow
 def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     (tmp_path / "a.txt").write_text("first\n\nthird line\r\nfourth\n")  # the empty line is a row; CRLF is a line end
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6})
@@ -350,6 +353,7 @@ def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_json_lines_through_a_pipe_are_read_as_json_lines(tmp_path, tiny):
     """A pipe or standard input has no name to say its format (`<(zcat x.jsonl.gz)` is /dev/fd/63): a first line that
     is a JSON object makes it JSON lines, said in one line, and the rows are those of the same .jsonl file, not of its
@@ -377,6 +381,7 @@ def test_json_lines_through_a_pipe_are_read_as_json_lines(tmp_path, tiny):
     assert r.returncode == 0 and np.load(tmp_path / "plain.npy").shape[0] == 2 and "JSON" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_long_text_is_tokenised_only_as_far_as_the_model_reads_it(tiny, monkeypatch):
     """--long truncate: a long text's ids come from a prefix cut at a space, and are the whole text's first ones, for a
     byte-level BPE, WordPiece (all-MiniLM-L6-v2's: lower-cased, accents stripped) and a SentencePiece Unigram, on text
@@ -433,6 +438,7 @@ def test_a_block_of_long_texts_holds_fewer_of_them(tmp_path, tiny, monkeypatch):
     assert (tmp_path / "long.npy").read_bytes() == (tmp_path / "by-block.npy").read_bytes()
 
 
+@pytest.mark.slow
 def test_gzipped_inputs_read_as_train_py_reads_them(tmp_path, tiny):
     """.txt.gz and .jsonl.gz, as train.py takes its documents: the same rows as the plain files (and a .gz cut short
     is one line)."""
@@ -500,6 +506,7 @@ def test_a_failure_midway_keeps_the_blocks_done_and_no_output(tmp_path, tiny, mo
     assert not list(tmp_path.glob(".o.npy*"))
 
 
+@pytest.mark.slow
 def test_long_texts_truncate_where_sentence_transformers_does_and_saving_keeps_its_modules(tmp_path):
     """all-MiniLM-L6-v2 says max_seq_length 256 (sentence_bert_config.json) and ends in a Normalize module: texts of
     300-500 tokens embed as sentence-transformers embeds them (its own truncation), not at the 512 positions; the

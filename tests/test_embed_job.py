@@ -229,6 +229,7 @@ def folder_bytes(out):
     return {p.name: p.read_bytes() for p in embed_job.job_folder(out).iterdir() if p.name != ".declutr.lock"}
 
 
+@pytest.mark.slow
 def test_one_process_writes_each_blocks_rows_in_input_order(tiny, small):
     """What the byte-for-byte tests compare against, held to something else: each block of the .npy is embed.encode
     of that block's texts with oneDNN's layers swapped in as embed.py swaps them, bit for bit (a block is batched on

@@ -87,6 +87,7 @@ def test_sick_layouts(tmp_path):
     assert find_tasks(tmp_path, "dev")["SICKR"]["dev"][0] == ["A z"]
 
 
+@pytest.mark.slow
 def test_minilm_on_stsb_dev(tmp_path, capsys):
     E.main(["--model", str(minilm()), "--data", str(stsb_dev().parent), "--split", "dev", "--dtype", "fp32",
             "--json", str(tmp_path / "r.json")])

@@ -219,6 +219,7 @@ def test_compile_matches_eager_with_the_mlm_head_in_the_graph():
     assert dynamo.utils.counters["stats"]["unique_graphs"] == 1  # dynamic shapes: the second batch recompiles nothing
 
 
+@pytest.mark.slow
 def test_compile_builds_a_bounded_number_of_graphs_over_a_run(tmp_path, docs, monkeypatch, capsys):
     """25 steps of varied spans with --compile, then 25 more with --grad-cache: chunks of one span, chunks without an
     anchor or padding, a single masked token and GradCache's pass without gradients all reuse a graph; two in all,
@@ -315,6 +316,7 @@ def cuda_alignment_backend(gm, example_inputs):
     return gm.forward
 
 
+@pytest.mark.slow
 def test_chunks_a_multiple_of_8_wide_keep_one_graph_under_cudas_guard_and_change_no_gradient(monkeypatch):
     """On a GPU every chunk is padded to a multiple of 8 tokens. Chunks of widths as they come build two graphs
     under inductor's CUDA guard on the mask's width modulo 8; at multiples of 8, one. The padding changes no
@@ -414,6 +416,7 @@ def test_every_forward_runs_in_the_attention_kernels_chosen_for_it(monkeypatch):
         assert torch.equal(chosen, default)
 
 
+@pytest.mark.slow
 def test_a_batch_holds_at_most_max_rows_whatever_the_token_budget(monkeypatch):
     """70,000 empty lines (2 tokens each) with --batch-tokens 131072 would be batches of 65,536 rows, past the 65,535
     blocks a GPU's fused attention kernels can put on a grid dimension: each batch holds at most MAX_ROWS rows, every
@@ -549,6 +552,7 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
         "c": "failed: AttributeError: module 'train' has no attribute 'compiled_graphs'", "g": "cut short"}
 
 
+@pytest.mark.slow
 def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monkeypatch):
     """A section that leaves through SystemExit (train.main's way with a UserError), one past its time limit, one
     whose result is wrong and one right: each is reported, the next runs, the summary says which is which. And the
@@ -644,6 +648,7 @@ def test_the_gpu_checks_results_go_under_out_where_it_is_set(monkeypatch, tmp_pa
     assert 'tee -a "$OUT/gpu_check.log"' in shell and "command -v python3" in shell
 
 
+@pytest.mark.slow
 def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_line(tmp_path, monkeypatch):
     """`--sections ij` after a whole run (the documented way to rerun some) keeps a-h's results in the JSON and the
     summary, its own replacing i and j's; the log is appended to. $OUT, or --json, under a folder that cannot be made
@@ -703,6 +708,7 @@ def test_the_gpu_checks_peak_is_the_gpus_own_and_its_steps_are_timed_without_hos
     assert inside == [1] and len(timer.spans) == 1 and copies == [1]  # the copy came after the timed span had closed
 
 
+@pytest.mark.slow
 def test_gpu_assets_carry_what_the_check_reads_within_what_travels(tmp_path):
     """bench/gpu_assets.py: ../shared's model (in fp16, 45 MB), 16 books, STS-B dev and train, as ../shared lays them
     out, with the repository under the 64 MiB the GPU machine takes; the check's scored model is the fp32 MiniLM
@@ -722,7 +728,7 @@ def test_gpu_assets_carry_what_the_check_reads_within_what_travels(tmp_path):
     assert len(list((tmp_path / "a" / "data" / "corpus" / "gutenberg").glob("*.txt"))) == gpu_assets.BOOKS
     assert all((tmp_path / "a" / path).exists() for path in gpu_assets.FILES.values())
     check = object.__new__(gpu_check.Check)
-    check.scored, check.tmp = None, tmp_path / "check"
+    check.scored, check.tmp, check.dry = None, tmp_path / "check", False  # as on the GPU machine
     check.tmp.mkdir()
     gpu_check.SHARED = tmp_path / "a"
     folder, (a, b, gold), what = gpu_check.scored_model(check)

@@ -161,6 +161,7 @@ def test_private_repo_loads_only_with_the_token(hub, tmp_path, monkeypatch):
     assert any(name == "model.safetensors" for _, name, _ in Hub.seen)
 
 
+@pytest.mark.slow
 def test_a_download_cut_half_way_resumes(hub, tmp_path, monkeypatch):
     """The connection drops half-way through the weights: the download goes on from the bytes it has (a Range
     request), not from the start. huggingface_hub writes 10 MB at a time; 4 KB here, for a file of 120 KB."""
@@ -217,6 +218,7 @@ def test_unwritable_hf_home_says_so(hub, tmp_path, monkeypatch):
         M.load_pretrained("org/tiny")
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_from_a_real_process(hub, tmp_path):
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the weights are ~80 KB
@@ -228,6 +230,7 @@ def test_a_full_disk_is_one_line_from_a_real_process(hub, tmp_path):
     assert last.startswith("error: org/tiny: model.safetensors: cannot download into") and "File too large" in last
 
 
+@pytest.mark.slow
 def test_offline_hub_id_is_one_line_from_a_real_process(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
     r = subprocess.run([sys.executable, str(ROOT / "model.py"), "info", "distilroberta-base"],

@@ -264,6 +264,7 @@ def test_sharded_and_old_names(tmp_path):
             torch.testing.assert_close(got[mask.bool()], ref[mask.bool()], rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_minilm_matches_sentence_transformers():
     path = minilm()
     st = oracle("sentence_transformers")

@@ -83,6 +83,7 @@ def test_a_folder_of_parquet_files_trains(tmp_path, tiny):
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_embed_reads_parquet_as_the_same_jsonl(tmp_path, tiny, monkeypatch):
     """The same rows, byte for byte, on one process and on two (each reads its own blocks of the row groups);
     a null row is an empty text, so that row i of the output is row i of the file."""
@@ -144,6 +145,7 @@ def test_a_dictionary_column_and_an_empty_file_read_as_strings_and_as_an_empty_t
     ("not-strings", "column 'text' holds int64, not strings"),
     ("no-pyarrow", "reading Parquet needs pyarrow: pip install pyarrow"),
 ])
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["train.py", "embed.py"])
 def test_a_bad_parquet_file_is_one_line(tmp_path, tiny, what, says, script):
     import pyarrow as pa
@@ -183,6 +185,7 @@ def test_train_says_what_the_documents_need_before_it_loads_a_model(tmp_path, ti
     assert loaded == [] and not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_file_is_read_a_row_group_at_a_time(tmp_path):
     """Memory stays bounded on a file larger than it: what pyarrow holds while the rows stream by never comes near
     the file's size (40 row groups of ~1 MB: at most a few at a time)."""
@@ -202,6 +205,7 @@ def test_a_file_is_read_a_row_group_at_a_time(tmp_path):
     assert rows == 60_000 and held < size / 8, (held, size)
 
 
+@pytest.mark.slow
 def test_long_rows_are_read_a_few_at_a_time(tmp_path):
     """A file of long rows (books), in row groups of 8: the rows come in batches of about 8M characters, not of 4,096
     rows, which here would be the whole file at once (pyarrow reads a row group's column whole, so no less than

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import embed as E
 import model as M
@@ -28,6 +29,7 @@ def test_chunk_counter_counts_texts_and_windows_apart():
     assert (done[:, 0] <= len(texts)).all() and (done[:, 0] <= done[:, 1]).all()
 
 
+@pytest.mark.slow
 def test_long_phases_report_progress_to_a_log(tmp_path):
     (tmp_path / "docs").mkdir()
     for i in range(3):

@@ -16,6 +16,7 @@ from support import embed_job, quantize
 st = oracle("sentence_transformers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, theirs", [("int8", "int8"), ("binary", "ubinary")])
 def test_bytes_are_sentence_transformers_on_the_same_float_rows(tmp_path, tiny, small, precision, theirs):  # noqa: F811
     out = tmp_path / "q.npy"
@@ -45,6 +46,7 @@ def test_queries_embedded_later_reuse_the_ranges(tmp_path, tiny, small):  # noqa
     assert not (tmp_path / "q.ranges.npy").exists()  # the ranges were given, not computed
 
 
+@pytest.mark.slow
 def test_two_processes_and_a_resume_give_one_process_bytes(tmp_path, tiny, small, monkeypatch, capsys):  # noqa: F811
     E.main(args(tiny, small, tmp_path / "one.npy", "--output-dtype", "int8"))
     one = (tmp_path / "one.npy").read_bytes()
@@ -63,6 +65,7 @@ def test_two_processes_and_a_resume_give_one_process_bytes(tmp_path, tiny, small
     assert (tmp_path / "r.npy").read_bytes() == one
 
 
+@pytest.mark.slow
 def test_evaluate_scores_each_dtype_as_sentence_transformers_would(tmp_path):
     """STS-B dev for all-MiniLM-L6-v2 at float32, int8 and binary, against the same scores worked out from
     sentence-transformers' encode and quantize_embeddings (int8's ranges from the same sentences), fp32."""
@@ -104,6 +107,7 @@ def test_evaluate_scores_each_dtype_as_sentence_transformers_would(tmp_path):
                                                            "--ranges takes the (2, 64) .ranges.npy that embed.py"),
     (["--output-dtype", "int8"], "--output OUT/e.npy: its ranges OUT/e.ranges.npy exist; pass --overwrite"),
 ])
+@pytest.mark.slow
 def test_a_quantised_output_it_cannot_write_is_one_line(tmp_path, tiny, extra, says):
     (tmp_path / "in.txt").write_text("a text\nanother\n")
     np.save(tmp_path / "bad.npy", np.zeros((3, 5)))

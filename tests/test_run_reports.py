@@ -27,6 +27,7 @@ def model_card(folder):
     return ModelCard.load(folder / "README.md")  # its metadata checked as the hub checks it (a bad one raises)
 
 
+@pytest.mark.slow
 def test_a_runs_cards_read_back_as_the_hub_reads_them(tmp_path, docs):
     out = tmp_path / "e"
     T.main(run_args(docs, out, "--steps", "4", "--eval-every", "2", "--eval-data", str(stsb_dev())))
@@ -164,6 +165,7 @@ def test_moving_mean_is_the_mean_of_each_value_and_those_before_it():
     assert plot.moving_mean(values, 1) == values
 
 
+@pytest.mark.slow
 def test_the_plot_of_a_run_and_its_one_line_errors(tmp_path, docs, capsys, monkeypatch):
     oracle("matplotlib")
     out = tmp_path / "p"

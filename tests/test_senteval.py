@@ -34,6 +34,7 @@ def test_the_probe_reaches_the_bayes_accuracy_of_two_gaussians():
     assert 80 < dev_accuracy < 89
 
 
+@pytest.mark.slow
 def test_the_probe_matches_scikit_learns_logistic_regression():
     """Six overlapping classes in 16 dimensions: SentEval's PyTorch probe and scikit-learn's LogisticRegression
     (its C chosen on the same validation split, over SentEval's own grid for it) within a point of each other."""
@@ -54,6 +55,7 @@ def test_the_probe_matches_scikit_learns_logistic_regression():
     assert abs(longer - theirs) < 1.0, (longer, theirs)
 
 
+@pytest.mark.slow
 def test_cross_validation_folds_are_stratified_and_score_a_separable_task_almost_perfectly():
     y = np.array([0] * 30 + [1] * 20 + [2] * 10)
     folds = senteval.stratified_folds(y, 5, seed=0)
@@ -89,6 +91,7 @@ def test_scores_become_distributions_as_tai_et_al_encode_them():
     assert got[1].sum() == pytest.approx(0.4) and got[0].sum() == 0
 
 
+@pytest.mark.slow
 def test_relatedness_learns_a_score_the_pair_features_carry_and_none_that_they_do_not():
     """Pairs whose distance grows as their score falls: the regressor's expected score ranks them well; with the
     scores shuffled, it ranks nothing."""

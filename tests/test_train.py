@@ -290,6 +290,7 @@ def test_crash_during_checkpoint_write_keeps_the_previous(tmp_path, docs, monkey
     assert_same_weights(tmp_path / "r" / "model", tmp_path / "clean" / "model")
 
 
+@pytest.mark.slow
 def test_losses_fall_on_gutenberg(tmp_path):
     books = sorted(need(GUTENBERG).glob("*.txt"))[:8]
     T.main(["--model", "scratch:tiny", "--data", *map(str, books), "--out", str(tmp_path / "g"), "--docs-per-step", "8",
@@ -660,6 +661,7 @@ def test_default_threads_leave_the_core_a_busy_process_holds():
     assert threads.free_cores(list(range(cores)), seconds=0.2) <= cores
 
 
+@pytest.mark.slow
 def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
     import evaluate_sts as E
     from conftest import stsb_dev
@@ -676,6 +678,7 @@ def test_eval_data_scores_and_keeps_the_best(tmp_path, docs):
     assert abs(E.spearman_of(best, tok, load_stsb_dev(dev), dtype=dtype) - max(scores[2], scores[4])) < 1e-3
 
 
+@pytest.mark.slow
 def test_demo_without_arguments_gives_a_model_embed_and_evaluate_accept(tmp_path, capsys, monkeypatch):
     """`python train.py` alone (here cut to 4 steps): Python's own docs in, a usable model out."""
     import embed

@@ -112,6 +112,7 @@ def test_a_byte_order_mark_is_not_text(tmp_path, tiny):
     assert tok.decode(np.asarray(c.tokens[:3]).tolist()).startswith("a cat")
 
 
+@pytest.mark.slow
 def test_embed_reads_a_pipe_and_names_folders_and_devices(tmp_path, tiny, capsys):
     """A pipe (`<(zcat a.gz)`, a FIFO) is read once, as standard input is, and embeds as the file it carries; a
     folder and /dev/null are named as what they are, with what embed.py reads, not as missing."""
