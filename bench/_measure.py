@@ -33,7 +33,8 @@ def measured(cmd, busy: bool = False) -> tuple[float, float]:
     """(seconds, peak resident MB) of one command, beside one busy process if asked; the peak from the kernel's
     accounting in a parent of its own."""
     probe = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
-             "subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+             "r = subprocess.run(sys.argv[1:], capture_output=True); "
+             "r.returncode and sys.exit(r.stderr.decode(errors='replace')[-2000:] or r.returncode); "  # its own words
              "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:

@@ -71,8 +71,8 @@ def step_name(cmd) -> str:
     """A step a benchmark ran as a process, as a reader knows it: the script and its first argument, not the text of
     an embedded `python -c` program."""
     args = [str(c) for c in cmd] if isinstance(cmd, (list, tuple)) else str(cmd).split()
-    if args[1:2] == ["-c"]:
-        return "a python -c step"
+    if args[1:2] == ["-c"]:  # a program that runs a command (bench/_measure.py's timer) is named by that command
+        return step_name(args[3:]) if args[3:] else "a python -c step"
     return " ".join(os.path.basename(a) for a in args[:3]) + " ..."
 
 

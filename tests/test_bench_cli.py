@@ -147,3 +147,12 @@ def test_no_script_imports_another_or_the_tests():
     # and senteval.py's (a script each, the last runs nothing)
     assert problems == ["probing.py imports ablation", "probing.py imports probing_tasks",
                         "probing.py imports senteval"]
+
+
+def test_a_timed_step_is_named_by_the_command_it_timed():
+    """bench/_measure.py times a command through a python -c program: the line names that command."""
+    from support.cli import step_name
+
+    timer = ["/usr/bin/python3", "-c", "import subprocess ...", "/venv/bin/python", "/repo/embed.py", "--model", "m"]
+    assert step_name(timer) == "python embed.py --model ..."
+    assert step_name(["/usr/bin/python3", "-c", "print(1)"]) == "a python -c step"
