@@ -38,7 +38,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+from _report import cell, delta, held_out  # noqa: E402 (bench/_report.py: probing.py's too)
+
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, demo, sts_files  # noqa: E402
@@ -118,14 +120,6 @@ def pretrain(a, out: Path, books: list[Path]) -> Path:
         train(a, out, "pretrain", cmd, wait=True)
     return model
 
-
-def held_out(books: list[Path], k: int) -> list[Path]:
-    """--hold-out: k books kept out of both stages, whose sentences bench/probing.py probes: every (n // k)-th of the
-    books sorted by name (the 5th, 10th, ... of 200 for k = 40), so that they spread over the authors."""
-    if k <= 0:
-        return []
-    step = len(books) // k
-    return books[step - 1::step][:k]
 
 
 def stage1_eval_every(steps: int) -> int:
@@ -262,17 +256,6 @@ def panels(a) -> dict[str, list[str]]:
     return filled or {"DeCLUTR": ["both"]}
 
 
-def cell(xs) -> str:
-    return f"{np.mean(xs):.2f} ± {np.std(xs, ddof=1) if len(xs) > 1 else 0:.2f}"
-
-
-def delta(xs, ref) -> str:
-    """The paired difference xs - ref: a finding only when it is larger than its spread over the seeds and than
-    either side's (a start shared by every seed has none)."""
-    d = np.subtract(xs, ref)
-    spread = max(np.std(d, ddof=1), np.std(xs, ddof=1), np.std(ref, ddof=1)) if len(xs) > 1 else np.inf
-    text = f"{np.mean(d):+.2f} ± {np.std(d, ddof=1) if len(xs) > 1 else 0:.2f}"
-    return f"**{text}**" if abs(np.mean(d)) > spread else text
 
 
 def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:

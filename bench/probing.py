@@ -1,6 +1,6 @@
 """
 The paper's other claims in miniature: SentEval's supervised STS-B (Table 2's STSB column) and three probing tasks
-(Table 3's SentLen, WC, BShift), scored the way SentEval scores them (bench/senteval.py), on the arms that
+(Table 3's SentLen, WC, BShift), scored the way SentEval scores them (bench/_senteval.py), on the arms that
 bench/ablation.py trains in the paper's setting: the MLM-pretrained start (stage 1), then DeCLUTR, contrastive only
 and MLM only, 3 seeds each, beside the unsupervised STS-B dev that the ablation reports. all-MiniLM-L6-v2, trained
 on NLI and other labelled pairs, is the supervised reference (the paper's sentence-transformers row).
@@ -11,6 +11,7 @@ keep its start's probing accuracy within the seeds' spread, and does contrastive
 MLM?
 
     python bench/probing.py                   # the ablation with 40 books held out, then every score
+    python bench/probing.py --tasks-only ../shared/data/corpus/gutenberg/Austen_*.txt   # the tasks alone
     python bench/probing.py --no-train        # score the runs that --out holds
 
 Time, alone on 2 CPU cores (AMD EPYC Zen 4): an hour. The ablation 22 minutes (stage 1 14, the 9 runs of stage 2
@@ -21,7 +22,7 @@ scoring).
 
 The ablation runs as `bench/ablation.py --pretrain-steps 8000 --lr 5e-4 --fractions 100 --hold-out 40`: stage 1 on
 80 of the 200 shared books, stage 2 (one pass) on 80 others, and the 40 left out (every 5th by name) give the
-probing tasks' sentences (bench/probing_tasks.py), so that no model has read them. Sentences are embedded in fp32
+probing tasks' sentences (bench/_probing_tasks.py), so that no model has read them. Sentences are embedded in fp32
 (the same on any CPU); each model's scores are kept in OUT/probing-scores.json, so a second run only adds what is
 missing. The table goes to OUT/probing.md.
 """
@@ -37,9 +38,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
-import ablation  # noqa: E402
-import probing_tasks  # noqa: E402
-import senteval  # noqa: E402
+import _probing_tasks as probing_tasks  # noqa: E402
+import _senteval as senteval  # noqa: E402
+from _report import cell, delta, held_out  # noqa: E402
 
 import embed as E  # noqa: E402
 import evaluate_sts  # noqa: E402
@@ -126,7 +127,7 @@ def table(scores: dict, seeds: list[int]) -> str:
         cells = []
         for c in COLUMNS:
             xs = [scores[f"{arm}-seed{s}"][c] for s in seeds]
-            cells.append(f"{ablation.cell(xs)} ({ablation.delta(xs, [start[c]] * len(xs))})")
+            cells.append(f"{cell(xs)} ({delta(xs, [start[c]] * len(xs))})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if "all-MiniLM-L6-v2" in scores:
         ref = scores["all-MiniLM-L6-v2"]
@@ -143,7 +144,13 @@ def main():
     ap.add_argument("--hold-out", type=int, default=40, help="books kept out of training for the probing tasks")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--no-train", action="store_true", help="score the runs --out holds; train nothing")
+    ap.add_argument("--tasks-only", nargs="+", metavar="BOOK", help="only build the probing tasks from these books "
+                    "and print their sizes and balance (bench/_probing_tasks.py)")
     a = ap.parse_args()
+    if a.tasks_only:
+        for name, task in probing_tasks.build(a.tasks_only, seed=0).items():
+            print(probing_tasks.describe(name, task))
+        return
     shared, out, t0 = Path(a.shared), Path(a.out), time.time()
     books = corpus.list_files([str(shared / "data/corpus/gutenberg")])
     if not a.no_train:  # the ablation in the paper's setting; it keeps what is finished and continues
@@ -154,7 +161,7 @@ def main():
     if missing := [str(m) for m in models(out, a.seeds, shared / "models/all-MiniLM-L6-v2").values() if not m.is_dir()]:
         raise UserError(f"--out {out}: no trained model at {missing[0]} ({len(missing)} missing); "
                         f"run without --no-train to train them, or name the --out that holds them")
-    held = ablation.held_out(books, a.hold_out)
+    held = held_out(books, a.hold_out)
     tasks = probing_tasks.build(held, seed=0)
     for name, task in tasks.items():
         print(probing_tasks.describe(name, task), flush=True)

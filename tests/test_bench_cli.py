@@ -125,7 +125,7 @@ def test_probing_tasks_on_too_few_books_is_one_line(tmp_path):
     for i in range(2):
         books.append(tmp_path / f"book{i}.txt")
         books[-1].write_text("The cat sat on the mat near the door. " * 40 + "A dog barked at the moon all night.\n")
-    line = one_line(run(ROOT / "bench" / "probing_tasks.py", *books))
+    line = one_line(run(ROOT / "bench" / "probing.py", "--tasks-only", *books))
     assert line.startswith("error: SentLen: class ") and line.endswith("give more books"), line
 
 
@@ -143,10 +143,7 @@ def test_no_script_imports_another_or_the_tests():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             problems += [f"{name} imports {n}" for n in names if n.split(".")[0] in scripts | tests]
-    # Left for the next round of issue 71: probing.py's tables, books and scorer are ablation.py's, probing_tasks.py's
-    # and senteval.py's (a script each, the last runs nothing)
-    assert problems == ["probing.py imports ablation", "probing.py imports probing_tasks",
-                        "probing.py imports senteval"]
+    assert problems == []
 
 
 def test_a_timed_step_is_named_by_the_command_it_timed():

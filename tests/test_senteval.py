@@ -1,5 +1,5 @@
-"""bench/senteval.py, SentEval's way of scoring, against hand-worked cases, closed-form laws and scikit-learn; and
-bench/probing_tasks.py's tasks against what each task says it is."""
+"""bench/_senteval.py, SentEval's way of scoring, against hand-worked cases, closed-form laws and scikit-learn; and
+bench/_probing_tasks.py's tasks against what each task says it is."""
 import collections
 import math
 
@@ -8,8 +8,8 @@ import pytest
 
 from conftest import SHARED, bench_script, need, oracle
 
-senteval = bench_script("senteval")
-tasks = bench_script("probing_tasks")
+senteval = bench_script("_senteval")
+tasks = bench_script("_probing_tasks")
 
 
 def gaussians(n_per_class: int, means: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +110,7 @@ def test_relatedness_learns_a_score_the_pair_features_carry_and_none_that_they_d
 
 
 def test_the_gradients_written_out_are_autograds():
-    """bench/senteval.py's Softmax trains without autograd: its gradients of both losses, against torch's own."""
+    """bench/_senteval.py's Softmax trains without autograd: its gradients of both losses, against torch's own."""
     import torch
 
     torch.manual_seed(0)

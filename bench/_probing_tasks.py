@@ -1,5 +1,5 @@
 """
-bench/probing_tasks.py: three of Conneau et al. (2018)'s ten probing tasks, built from raw text the way they built
+bench/_probing_tasks.py: three of Conneau et al. (2018)'s ten probing tasks, built from raw text the way they built
 theirs (SentEval's data/probing/README.md), here from Gutenberg books that no model of bench/probing.py trained on
 (bench/ablation.py --hold-out):
 
@@ -23,9 +23,8 @@ the main verb's tense and the subject's and object's number (Tense, SubjNum, Obj
 sentence (CoordInv), and part-of-speech tags with bigram counts to pick a replacement word (SOMO). No parser or
 tagger is installed, and none can be downloaded.
 
-    python bench/probing_tasks.py ../shared/data/corpus/gutenberg/Austen_*.txt    # the tasks' sizes and balance
+    python bench/probing.py --tasks-only ../shared/data/corpus/gutenberg/Austen_*.txt    # the tasks' sizes, balance
 """
-import argparse
 import collections
 import re
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support.cli import UserError, bench  # noqa: E402
+from support.cli import UserError  # noqa: E402
 
 TOKEN = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")  # words (with their apostrophes) and punctuation marks, one each
 END = re.compile(r"[.!?][\"'”’)\]]*\s+(?=[\"'“‘(\[]*[A-Z])")  # a sentence's end: a capital follows
@@ -175,16 +174,3 @@ def describe(name: str, task: dict) -> str:
         parts.append(f"{split} {len(texts):,} ({len(counts)} classes of {low}" + (f"-{high})" if high != low else ")"))
     return f"{name}: " + ", ".join(parts)
 
-
-@bench
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("books", nargs="+", help="Gutenberg books (.txt), as ../shared has them")
-    ap.add_argument("--seed", type=int, default=0, help="the draw of each class's sentences")
-    a = ap.parse_args()
-    for name, task in build(a.books, a.seed).items():
-        print(describe(name, task))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
 """
-bench/senteval.py: how SentEval scores a sentence encoder (Conneau & Kiela, 2018), written out plainly in torch, so
+bench/_senteval.py: how SentEval scores a sentence encoder (Conneau & Kiela, 2018), written out plainly in torch, so
 that a reader sees it and bench/probing.py can use it without SentEval. The encoder is frozen: its embeddings are
 the features of a small model trained on each task's train split.
 
@@ -254,10 +254,3 @@ def relatedness(train, dev, test, seed: int = SEED, classes: int = 5) -> dict:
     return {"dev_pearson": 100 * best, "pearson": 100 * pearson(prediction, gold_test),
             "spearman": 100 * spearman(prediction, gold_test)}
 
-
-if __name__ == "__main__":
-    import argparse
-
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="A library: bench/probing.py runs it "
-                            "(from senteval import probe, relatedness); nothing to run here.").parse_args()
-    print("bench/senteval.py: a library, which bench/probing.py runs; nothing to run here (--help says more)")
