@@ -19,13 +19,11 @@ On the user's own documents (--docs; train.py --holdout-docs or --eval-docs duri
 (SPANS): query spans drawn as anchors are, each paired with a target drawn as a positive near it but sharing no text
 (sampler.heldout_pairs), every target a candidate for every query, scored beside word overlap (TF-IDF).
 """
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from embed import encode
 from model import load_config_and_tokenizer, load_pretrained
@@ -36,6 +34,7 @@ from support.corpus import prepare_corpus
 from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
+from support.retrieval import alignment_uniformity, retrieval, target_ranks, word_overlap
 from support.sts_files import FEW, no_nan, table, tasks_to_score
 from support.threads import cpu_threads
 
@@ -160,7 +159,6 @@ def spearman_of(model, tok, pairs, dtype=None) -> float:
 # (sampler.heldout_pairs) among every target? Word overlap's answer (TF-IDF) beside it: the figure to beat.
 
 SPAN_GAP = 8  # tokens at least between a query and its target: the target's text is nowhere in its query
-WORD = re.compile(r"\w+")
 
 
 def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, where: str = "held-out span retrieval"
@@ -179,37 +177,6 @@ def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, wher
     return texts(pairs[:, 1], pairs[:, 2]), texts(pairs[:, 3], pairs[:, 4])
 
 
-def target_ranks(blocks) -> np.ndarray:
-    """blocks: similarities of consecutive queries to every target, (rows, targets) each. Each query's own target's
-    rank among all the targets, from 1; a tie counts against it (a model that maps everything to one point ranks
-    every target last, not first)."""
-    out, i = [], 0
-    for sims in blocks:
-        right = sims[np.arange(len(sims)), i + np.arange(len(sims))]  # (rows,)
-        out.append((sims >= right[:, None]).sum(1))
-        i += len(sims)
-    return np.concatenate(out)
-
-
-def retrieval(ranks: np.ndarray) -> dict:
-    """Recall@1, recall@10 and mean reciprocal rank, x 100, over every query."""
-    return dict(recall_at_1=100 * float(np.mean(ranks <= 1)), recall_at_10=100 * float(np.mean(ranks <= 10)),
-                mrr=100 * float(np.mean(1 / ranks)), n=len(ranks))
-
-
-def alignment_uniformity(queries: np.ndarray, targets: np.ndarray, chunk: int = 1024) -> dict:
-    """Wang & Isola (2020) on unit rows: alignment, the mean squared distance of a query to its target (lower: pairs
-    closer); uniformity, the log of the mean of exp(-2 x squared distance) over every two rows of both (lower: the
-    rows spread more evenly over the sphere). For unit rows, squared distance is 2 - 2 x cosine."""
-    x = np.concatenate([queries, targets]).astype(np.float64)  # (2n, H)
-    total = 0.0
-    for i in range(0, len(x), chunk):
-        near = np.exp(4 * (x[i:i + chunk] @ x.T) - 4)  # (chunk, 2n)
-        total += near.sum() - np.trace(near[:, i:i + chunk])  # every pair of two different rows
-    return dict(alignment=float(((queries - targets) ** 2).sum(1).mean()),
-                uniformity=float(np.log(total / (len(x) * (len(x) - 1)))))
-
-
 def span_retrieval(model, tok, queries, targets, dtype=None, batch_tokens=0, share=(0, 1, None)) -> dict:
     """The encoder's figures on the pairs: each query's target among every target, by the cosine of mean-pooled
     embeddings in the precision embed.py writes them; then their alignment and uniformity. share: (rank, world,
@@ -223,34 +190,6 @@ def span_retrieval(model, tok, queries, targets, dtype=None, batch_tokens=0, sha
     q, t = emb[:len(queries)], emb[len(queries):]
     ranks = target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
     return retrieval(ranks) | alignment_uniformity(q, t)
-
-
-def tfidf_rows(texts: list[str]) -> torch.Tensor:
-    """Unit TF-IDF rows, sparse (texts, words): each lowercased word's count x log((1 + texts) / (1 + texts that
-    hold it)) + 1 (scikit-learn's smoothed idf)."""
-    vocab, rows, cols = {}, [], []
-    for i, text in enumerate(texts):
-        for word in WORD.findall(text.lower()):
-            rows.append(i)
-            cols.append(vocab.setdefault(word, len(vocab)))
-    counts = torch.sparse_coo_tensor(torch.tensor([rows, cols], dtype=torch.int64).reshape(2, -1),
-                                     torch.ones(len(rows), dtype=torch.float64), (len(texts), len(vocab)),
-                                     check_invariants=False).coalesce()  # a word's count in a text
-    row, col = counts.indices()
-    idf = torch.log((1 + len(texts)) / (1 + torch.bincount(col, minlength=len(vocab)))) + 1
-    values = counts.values() * idf[col]
-    norm = torch.zeros(len(texts), dtype=torch.float64).index_add_(0, row, values ** 2).sqrt()
-    return torch.sparse_coo_tensor(counts.indices(), values / norm[row], counts.shape, check_invariants=False)
-
-
-def word_overlap(queries: list[str], targets: list[str]) -> dict:
-    """The same retrieval by the TF-IDF cosine of the spans' words: what an encoder must beat to have learned more
-    than which words the spans share."""
-    rows, n = tfidf_rows(queries + targets), len(queries)
-    queries = rows.index_select(0, torch.arange(n))  # sparse (n, words); the targets dense, 512 at a time
-    sims = torch.cat([torch.mm(queries, rows.index_select(0, torch.arange(n + i, min(n + i + 512, 2 * n))).to_dense().T)
-                      for i in range(0, n, 512)], dim=1).numpy()  # (n, n)
-    return retrieval(target_ranks([sims]))
 
 
 @cli

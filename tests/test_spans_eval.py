@@ -17,6 +17,7 @@ import pytest
 import evaluate_sts as E
 import model as M
 import sampler as S
+import support.retrieval as R
 import train as T
 from conftest import WORDS
 from support.corpus import prepare_corpus
@@ -85,15 +86,15 @@ def test_ranks_recall_and_mrr_equal_a_naive_loop():
     q, t = q / np.linalg.norm(q, axis=1, keepdims=True), t / np.linalg.norm(t, axis=1, keepdims=True)
     sims = q @ t.T
     sims[5, 9] = sims[5, 5]  # a tie counts against
-    ranks = E.target_ranks(sims[i:i + 64] for i in range(0, 300, 64))
+    ranks = R.target_ranks(sims[i:i + 64] for i in range(0, 300, 64))
     assert np.array_equal(ranks, naive_ranks(sims))
-    got = E.retrieval(ranks)
+    got = R.retrieval(ranks)
     naive = naive_ranks(sims)
     assert got["recall_at_1"] == pytest.approx(100 * np.mean(naive == 1))
     assert got["recall_at_10"] == pytest.approx(100 * np.mean(naive <= 10))
     assert got["mrr"] == pytest.approx(100 * np.mean([1 / r for r in naive]))
-    assert 30 < got["recall_at_10"] and E.retrieval(np.full(5, 5))["mrr"] == pytest.approx(20)
-    assert E.retrieval(E.target_ranks([np.ones((4, 4))]))["mrr"] == pytest.approx(25)  # all alike: every one last
+    assert 30 < got["recall_at_10"] and R.retrieval(np.full(5, 5))["mrr"] == pytest.approx(20)
+    assert R.retrieval(R.target_ranks([np.ones((4, 4))]))["mrr"] == pytest.approx(25)  # all alike: every one last
 
 
 def test_alignment_and_uniformity_as_worked_by_hand():
@@ -101,13 +102,13 @@ def test_alignment_and_uniformity_as_worked_by_hand():
     squared distances 2 and 0, mean 1. Uniformity over the 6 pairs of the 4 rows: squared distances 2, 2, 0, 2, 2,
     0 (rows (1,0), (0,1), (0,1), (0,1)): 3 of 0 and 3 of 2, log((3 + 3e^-4) / 6)."""
     q, t = np.array([[1.0, 0], [0, 1]]), np.array([[0.0, 1], [0, 1]])
-    got = E.alignment_uniformity(q, t, chunk=3)
+    got = R.alignment_uniformity(q, t, chunk=3)
     assert got["alignment"] == pytest.approx(1.0)
     assert got["uniformity"] == pytest.approx(math.log((3 + 3 * math.exp(-4)) / 6))
 
 
 def naive_tfidf(texts):
-    words = [E.WORD.findall(t.lower()) for t in texts]
+    words = [R.WORD.findall(t.lower()) for t in texts]
     df = collections.Counter(w for ws in words for w in set(ws))
     rows = []
     for ws in words:
@@ -119,13 +120,13 @@ def naive_tfidf(texts):
 
 def test_tfidf_equals_a_naive_dictionary_loop():
     texts = ["The cat sat on the mat.", "A dog; the DOG barked!", "cat and dog and cat", "moon", "", "the the the"]
-    dense = E.tfidf_rows(texts).to_dense().numpy()
+    dense = R.tfidf_rows(texts).to_dense().numpy()
     naive = naive_tfidf(texts)
     for i in range(len(texts)):
         for j in range(len(texts)):
             expected = sum(x * naive[j].get(w, 0.0) for w, x in naive[i].items())
             assert (dense[i] @ dense[j]) == pytest.approx(expected)
-    got = E.word_overlap(["the cat sat", "a dog barked", "moon rises"], ["cat sat down", "dog barked loud", "x"])
+    got = R.word_overlap(["the cat sat", "a dog barked", "moon rises"], ["cat sat down", "dog barked loud", "x"])
     assert (got["recall_at_1"], got["n"]) == (pytest.approx(200 / 3), 3)  # the third target shares no word: last
 
 
@@ -153,7 +154,7 @@ def test_a_model_that_cannot_tell_spans_apart_scores_chance(tmp_path, tiny):
         corpus = prepare_corpus([folder], tok, str(tmp_path / "cache"))
         spans = E.span_texts(corpus, np.arange(len(corpus)), tok, 400, 8, 32)
         assert len(spans[0]) == 400 and not set(spans[0]) & set(spans[1])
-        figures[topics] = E.span_retrieval(model, tok, *spans), E.word_overlap(*spans)
+        figures[topics] = E.span_retrieval(model, tok, *spans), R.word_overlap(*spans)
     for found in figures[False]:
         assert found["recall_at_1"] < 3 and found["mrr"] < 5, found
     for found in figures[True]:
