@@ -106,11 +106,12 @@ def _wait(store, key: str, who: str = "") -> str:
     return store.get(key).decode()
 
 
-def corpus_for_run(cfg, tok, proc: Process) -> Corpus:
-    """The run's documents, tokenised by one process per machine into its cache; the others then read it."""
+def corpus_for_run(cfg, tok, proc: Process, paths=None, key: str = "corpus") -> Corpus:
+    """The run's documents (or `paths`, tokenised alike: --eval-docs), tokenised by one process per machine into its
+    cache; the others then read it."""
     clean = not cfg.keep_whitespace
-    return Corpus(Path(made_once(proc, "corpus", lambda: str(prepare_corpus(
-        cfg.data, tok, cfg.cache_dir, clean=clean, field=cfg.text_field).dir), per_machine=True)))
+    return Corpus(Path(made_once(proc, key, lambda: str(prepare_corpus(
+        paths or cfg.data, tok, cfg.cache_dir, clean=clean, field=cfg.text_field).dir), per_machine=True)))
 
 
 class EvalDocuments(NamedTuple):
@@ -129,9 +130,7 @@ def eval_documents(cfg, tok, proc: Process, corpus: Corpus) -> EvalDocuments | N
         return EvalDocuments(corpus, docs, docs, f"--holdout-docs {cfg.holdout_docs}")
     if not cfg.eval_docs:
         return None
-    other = Corpus(Path(made_once(proc, "eval-docs", lambda: str(prepare_corpus(
-        cfg.eval_docs, tok, cfg.cache_dir, clean=not cfg.keep_whitespace, field=cfg.text_field).dir),
-        per_machine=True)))
+    other = corpus_for_run(cfg, tok, proc, cfg.eval_docs, "eval-docs")
     if len(other) == 0:
         raise UserError(f"--eval-docs {' '.join(cfg.eval_docs)}: no documents in them ({other.meta['summary']})")
     shared = also_in(other, corpus)
