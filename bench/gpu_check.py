@@ -39,7 +39,8 @@ nothing copied to the host inside what is timed:
 Models are random-init (the distilroberta-base shape, roberta-base's in i, with RoBERTa's 50,265-token vocabulary
 on a GPU, whatever the BPE reaches on the documents; tiny in a dry run) with a BPE trained on the check's documents:
 16 Gutenberg books under DECLUTR_SHARED if there, else Python's own docstrings joined into long documents. g and j
-use all-MiniLM-L6-v2 and STS-B dev when DECLUTR_SHARED has them.
+use all-MiniLM-L6-v2 and STS-B dev when DECLUTR_SHARED has them. The exit code is 0 when every section run passed
+or was skipped and one passed, 1 otherwise (after the summary, one line naming the sections that did not pass).
 """
 import argparse
 import contextlib
@@ -855,6 +856,12 @@ def main():
             summarise(check, args.sections, t0)
         else:
             print("setup did not finish: no section ran", flush=True)
+    ran = {k: v for k, v in check.results["summary"].items() if k in args.sections}
+    if not_passed := {k: v for k, v in ran.items() if v != "pass" and not v.startswith("skipped")}:
+        sys.exit(f"error: {len(not_passed)} of {len(ran)} section(s) did not pass: "
+                 + "; ".join(f"{k} {v}" for k, v in not_passed.items()))
+    if "pass" not in ran.values():
+        sys.exit(f"error: every section was skipped ({''.join(ran)}): nothing was measured")
 
 
 if __name__ == "__main__":

@@ -165,6 +165,27 @@ def masks(batch):
     return rows(batch["anchors"], batch["anchor_lengths"]), rows(batch["positives"], batch["positive_lengths"])
 
 
+def run_here(main, *args, stdin=None):
+    """A script's main(ARGS) as a user's command runs it, in this process: its exit code, stdout and stderr, as
+    subprocess.run gives them. A process of its own would spend about 2 s importing torch; the tests about processes
+    (signals, pipes, torchrun, the exit code a shell sees) start real ones."""
+    import contextlib
+    import io
+    import types
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    given = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8") if stdin is not None else sys.stdin
+    real_stdin, sys.stdin = sys.stdin, given
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.stdin = real_stdin
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
 def bench_script(name: str):
     """bench/NAME.py imported as a module (bench/ is not a package)."""
     import importlib.util

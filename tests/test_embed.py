@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import embed as E
 import model as M
-from conftest import ROOT, WORDS, minilm, oracle, stsb_sentences
+from conftest import ROOT, WORDS, minilm, oracle, run_here, stsb_sentences
 from support import cpu_layers, embedding, threads
 from support.device import device_and_dtype
 from support.threads import across_cores, cpu_threads
@@ -330,11 +330,11 @@ def test_a_batch_packed_or_not_changes_no_embedding(tiny, monkeypatch):
 
 
 def run(*args, stdin=None):
-    return subprocess.run([sys.executable, str(ROOT / "embed.py"), *map(str, args)], capture_output=True, text=True,
-                          input=stdin, timeout=300)
+    """`python embed.py ARGS`, in this process (conftest.run_here); tests/test_user_edges.py and
+    test_cli_matches_sentence_transformers run real processes."""
+    return run_here(E.main, *args, stdin=stdin)
 
 
-@pytest.mark.slow
 def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     (tmp_path / "a.txt").write_text("first\n\nthird line\r\nfourth\n")  # the empty line is a row; CRLF is a line end
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "fifth"}) + "\n\n" + json.dumps({"text": "sixth", "id": 6})
@@ -353,7 +353,6 @@ def test_inputs_rows_formats_and_blocks(tmp_path, tiny):
     np.testing.assert_allclose(rows[3], emb[3] / np.linalg.norm(emb[3]), atol=1e-6)
 
 
-@pytest.mark.slow
 def test_json_lines_through_a_pipe_are_read_as_json_lines(tmp_path, tiny):
     """A pipe or standard input has no name to say its format (`<(zcat x.jsonl.gz)` is /dev/fd/63): a first line that
     is a JSON object makes it JSON lines, said in one line, and the rows are those of the same .jsonl file, not of its
@@ -438,7 +437,6 @@ def test_a_block_of_long_texts_holds_fewer_of_them(tmp_path, tiny, monkeypatch):
     assert (tmp_path / "long.npy").read_bytes() == (tmp_path / "by-block.npy").read_bytes()
 
 
-@pytest.mark.slow
 def test_gzipped_inputs_read_as_train_py_reads_them(tmp_path, tiny):
     """.txt.gz and .jsonl.gz, as train.py takes its documents: the same rows as the plain files (and a .gz cut short
     is one line)."""

@@ -537,6 +537,7 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(res["summary"]) == set("abcdefghij") | {"seconds"}
     assert sections_not_passed(res["summary"]) == {}, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
     assert res["h"]["status"].startswith("skipped")
     # what a reader of a GPU's results looks for: i's figures for each attention path, j's against sentence-transformers
     assert set(res["i"]["tokens_per_s"]) == set(res["i"]["mfu"]) == {"padded", "packed", "varlen"}
@@ -676,6 +677,23 @@ def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_
     after = json.loads(out.read_text())
     assert {k: after[k] for k in "abcdefgh"} == {k: before[k] for k in "abcdefgh"}
     assert after["summary"] | {"seconds": 0} == {k: "pass" for k in gpu_check.SECTIONS} | {"seconds": 0}
+
+    def wrong(check):
+        """(j) a section whose result is wrong"""
+        check.record("j", passed=False)
+
+    def skipped(check):
+        """(h) a section this machine cannot run"""
+        raise gpu_check.Skipped("CUDA only")
+
+    for sections, says in (("ij", "error: 1 of 2 section(s) did not pass: j FAIL"),  # and the exit code says so
+                           ("h", "error: every section was skipped (h): nothing was measured")):
+        monkeypatch.setitem(gpu_check.SECTIONS, "j", (wrong, 5))
+        monkeypatch.setitem(gpu_check.SECTIONS, "h", (skipped, 5))
+        monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--dry-run", "--sections", sections, "--json", str(out)])
+        with pytest.raises(SystemExit) as e:
+            gpu_check.main()
+        assert e.value.code == says
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # its python3: the tests' own
     for out_dir, args in (("/proc/no/such", []), (str(tmp_path), ["--json", "/proc/no/such/r.json"])):
         done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run", *args], capture_output=True,

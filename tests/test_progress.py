@@ -3,17 +3,12 @@ counter counts texts and windows apart, and saved model files share the mode `op
 import json
 import os
 import stat
-import subprocess
-import sys
 
 import numpy as np
-import pytest
 
 import embed as E
 import model as M
-from conftest import ROOT
-
-EVERY = {**os.environ, "DECLUTR_PROGRESS_EVERY": "0"}  # a report at every chance, so that a short run shows them
+from conftest import run_here
 
 
 def test_chunk_counter_counts_texts_and_windows_apart():
@@ -29,13 +24,17 @@ def test_chunk_counter_counts_texts_and_windows_apart():
     assert (done[:, 0] <= len(texts)).all() and (done[:, 0] <= done[:, 1]).all()
 
 
-@pytest.mark.slow
-def test_long_phases_report_progress_to_a_log(tmp_path):
+def test_long_phases_report_progress_to_a_log(tmp_path, monkeypatch):
+    """Each script's stderr as a log receives it (conftest.run_here: the scripts' main() in this process, stderr not a
+    terminal), a report at every chance."""
+    import evaluate_sts
+    import sampler
+
+    monkeypatch.setenv("DECLUTR_PROGRESS_EVERY", "0")
     (tmp_path / "docs").mkdir()
     for i in range(3):
         (tmp_path / "docs" / f"{i}.txt").write_text("the cat sat on the mat while a dog barked at the moon. " * 300)
-    r = subprocess.run([sys.executable, str(ROOT / "model.py"), "scratch", "--corpus", str(tmp_path / "docs"),
-                        "--out", str(tmp_path / "m")], capture_output=True, text=True, timeout=300, env=EVERY)
+    r = run_here(M.main, "scratch", "--corpus", tmp_path / "docs", "--out", tmp_path / "m")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0].startswith("tokenizer: training a byte-level BPE of 4,096 tokens")
@@ -43,25 +42,22 @@ def test_long_phases_report_progress_to_a_log(tmp_path):
     assert len(lines) >= 3 and all(line.startswith("tokenizer: read") and line.endswith("s)") for line in lines[1:-1])
     assert lines[-1].startswith("tokenizer: ") and " tokens (" in lines[-1]
     (tmp_path / "t.txt").write_text("\n".join(["the cat sat on the mat " * 200] * 20) + "\n")
-    r = subprocess.run([sys.executable, str(ROOT / "embed.py"), "--model", str(tmp_path / "m"), str(tmp_path / "t.txt"),
-                        "--output", str(tmp_path / "e.npy"), "--long", "chunk", "--batch-tokens", "1024"],
-                       capture_output=True, text=True, timeout=300, env=EVERY)
+    r = run_here(E.main, "--model", tmp_path / "m", tmp_path / "t.txt", "--output", tmp_path / "e.npy", "--long",
+                 "chunk", "--batch-tokens", "1024")
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0].startswith("embedding: 20 texts with") and lines[-1].startswith("embedding: wrote")
     counts = [line.split()[1] for line in lines[1:-1]]  # "embedding: 7/20 texts (40 windows), ..."
     assert len(counts) >= 2 and counts[-1] == "20/20" and all("windows" in line for line in lines[1:-1])
-    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(tmp_path / "m"), "--data",
-                        str(tmp_path / "docs"), "--min-span", "8", "--max-span", "32", "--docs-per-step", "3",
-                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300, env=EVERY)
+    r = run_here(sampler.main, "--model", tmp_path / "m", "--data", tmp_path / "docs", "--min-span", "8", "--max-span",
+                 "32", "--docs-per-step", "3", "--cache-dir", tmp_path / "cache")
     assert r.returncode == 0, r.stderr
     assert "corpus: tokenising 3 files once" in r.stderr and "corpus: 3 documents" in r.stderr
     (tmp_path / "sts").mkdir()
     (tmp_path / "sts" / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{i}\t{i}.0\tthe cat sat\tthe dog sat {i}\n"
                                                           for i in range(5)))
-    r = subprocess.run([sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(tmp_path / "m"), "--data",
-                        str(tmp_path / "sts"), "--split", "dev", "--json", str(tmp_path / "r.json")],
-                       capture_output=True, text=True, timeout=300, env=EVERY)
+    r = run_here(evaluate_sts.main, "--model", tmp_path / "m", "--data", tmp_path / "sts", "--split", "dev", "--json",
+                 tmp_path / "r.json")
     assert r.returncode == 0, r.stderr
     assert f"evaluate: {tmp_path / 'm'} on STSB" in r.stderr and "evaluate: STSB, 5 pairs" in r.stderr
     assert "5*" in r.stdout and "fewer than 100 pairs" in r.stdout  # a task of 5 pairs is marked, and why

@@ -12,7 +12,7 @@ import pytest
 
 import model as M
 import train as T
-from conftest import ROOT, oracle, stsb_dev
+from conftest import ROOT, WORDS, oracle, stsb_dev
 from support import card, metrics, plot
 from test_train import reap, run_args  # noqa: F401 (reap: a fixture)
 
@@ -108,7 +108,10 @@ def test_tensorboard_holds_metrics_jsonl_across_a_stop_and_resume(tmp_path, docs
     """SIGTERM (the step under way checkpointed) or kill -9 (two steps after a checkpoint, whose events are on disk
     and are trained again): after --resume TensorBoard shows each step once, with metrics.jsonl's values."""
     oracle("tensorboard")
-    out, dev = tmp_path / "b", str(stsb_dev())
+    out, dev = tmp_path / "b", str(tmp_path / "sts")  # a few pairs: what is logged, not what it scores, is tested
+    (tmp_path / "sts").mkdir()
+    (tmp_path / "sts" / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{k}\t{k % 5}\t{' '.join(WORDS[k % 5:])}\t"
+                                             f"{' '.join(WORDS[:k % 7 + 2])}\n" for k in range(12)))
     cmd = [sys.executable, str(ROOT / "train.py"), *run_args(docs, out, "--steps", "12", "--ckpt-every", "4",
                                                             "--tensorboard", "--eval-data", dev, "--eval-every", "3")]
     p = reap(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

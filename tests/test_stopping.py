@@ -104,7 +104,7 @@ def test_ctrl_c_to_the_process_group_ends_the_run_at_once(tmp_path, cache, sessi
     p = start(demo(tmp_path / "r", cache, "--steps", "1000", "--workers", workers), stdout=subprocess.DEVNULL,
               stderr=subprocess.PIPE)
     sessions(p.pid)
-    wait_for_steps(p, tmp_path / "r", 20)
+    wait_for_steps(p, tmp_path / "r", 5)
     os.killpg(p.pid, signal.SIGINT)
     err = p.communicate(timeout=10)[1]
     assert p.returncode == 130, err[-2000:]
@@ -118,17 +118,17 @@ def test_sigkill_leaves_nothing_running_and_resume_gives_the_uninterrupted_run(t
     """kill -9 of the training process while its workers run: within 10 s no process of it is left (none holds the
     run folder's lock), --resume is accepted at once, and its trace and weights equal a run never stopped, trained
     with the thread count the killed run stored (the resumed one takes it from the checkpoint)."""
-    p = start(demo(tmp_path / "b", cache, "--steps", "40", "--ckpt-every", "10"), stdout=subprocess.DEVNULL,
+    p = start(demo(tmp_path / "b", cache, "--steps", "16", "--ckpt-every", "4"), stdout=subprocess.DEVNULL,
               stderr=subprocess.DEVNULL)
     sessions(p.pid)
-    wait_for_steps(p, tmp_path / "b", 15)
+    wait_for_steps(p, tmp_path / "b", 6)
     p.kill()
     p.wait()
     assert gone_within(p.pid, 10) == []
     threads = runs.read_train_state(runs.checkpoints(tmp_path / "b")[-1])["config"]["threads"]
     assert threads >= 1
     T.main(["--out", str(tmp_path / "b"), "--resume"])
-    T.main(demo(tmp_path / "a", cache, "--steps", "40", "--ckpt-every", "10", "--threads", str(threads))[2:])
+    T.main(demo(tmp_path / "a", cache, "--steps", "16", "--ckpt-every", "4", "--threads", str(threads))[2:])
     assert trace(tmp_path / "b") == trace(tmp_path / "a")
     assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
 
@@ -146,12 +146,12 @@ def ranks_of(torchrun_pid: int) -> dict[str, int]:
     return ranks
 
 
-def torchrun_at_step_20(tmp_path, cache, sessions, *extra):
-    """(torchrun, {RANK: pid}, its output from now on) of the demo on 2 ranks, once it has logged 20 steps."""
+def torchrun_at_step_5(tmp_path, cache, sessions, *extra):
+    """(torchrun, {RANK: pid}, its output from now on) of the demo on 2 ranks, once it has logged 5 steps."""
     p = start(torchrun_demo(tmp_path / "t", cache, "--steps", "1000", *extra), stdout=subprocess.PIPE,
               stderr=subprocess.STDOUT)
     sessions(p.pid)
-    wait_for_steps(p, tmp_path / "t", 20)
+    wait_for_steps(p, tmp_path / "t", 5)
     ranks = ranks_of(p.pid)
     for pid in ranks.values():
         sessions(pid)
@@ -162,7 +162,7 @@ def torchrun_at_step_20(tmp_path, cache, sessions, *extra):
 def test_ctrl_c_under_torchrun_ends_every_rank_at_once(tmp_path, cache, sessions):
     """Ctrl-C in torchrun's terminal: torchrun passes SIGINT on to each rank's group (workers too); each machine's
     one line, and torchrun and every rank gone within 10 s (torchrun would SIGKILL a rank after 30)."""
-    p, ranks, out = torchrun_at_step_20(tmp_path, cache, sessions, "--workers", "2")
+    p, ranks, out = torchrun_at_step_5(tmp_path, cache, sessions, "--workers", "2")
     os.killpg(p.pid, signal.SIGINT)
     p.wait(timeout=10)
     ours = out.ours()
@@ -176,7 +176,7 @@ def test_a_rank_killed_under_torchrun_stops_the_others_at_once(tmp_path, cache, 
     """kill -9 of rank 1 (what the OOM killer does) with its DataLoader workers running: its workers die with it, so
     its connections reset the moment it dies, and rank 0 says the documented line well before --ddp-timeout 20 and
     torchrun's own 30 s; nothing of rank 1 is left."""
-    p, ranks, out = torchrun_at_step_20(tmp_path, cache, sessions, "--ddp-timeout", "20")
+    p, ranks, out = torchrun_at_step_5(tmp_path, cache, sessions, "--ddp-timeout", "20")
     os.kill(ranks["1"], signal.SIGKILL)
     p.wait(timeout=60)
     ours = out.ours()

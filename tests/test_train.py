@@ -229,13 +229,30 @@ SLOW_STEPS = ("import sys, time; sys.path.insert(0, sys.argv[1]); import train; 
               "train.train_step = lambda *a, **k: (time.sleep(0.2), step(*a, **k))[1]; train.main(sys.argv[2:])")
 
 
+HELD_STEPS = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import train
+step, hold, steps = train.train_step, sys.argv[2], []
+
+def held(*args, **kwargs):  # from its fourth step (step 2's line is written as step 3 starts), the test holds it
+    steps.append(1)
+    while len(steps) > 3 and os.path.exists(hold):
+        time.sleep(0.02)
+    return step(*args, **kwargs)
+
+train.train_step = held
+train.main(sys.argv[3:])"""
+
+
 @pytest.mark.slow
 def test_a_run_folder_holds_one_run_at_a_time(tmp_path, docs):
     """While a run trains, a second run into its --out (a new one, --overwrite, or --resume of it) is refused at once
     with one line naming the holder, and the first run ends as if it had been alone."""
-    args = run_args(docs, tmp_path / "a", "--steps", "40", "--ckpt-every", "5", "--threads", "1")  # whatever else runs
-    first = subprocess.Popen([sys.executable, "-c", SLOW_STEPS, str(ROOT), *args], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    args = run_args(docs, tmp_path / "a", "--steps", "12", "--ckpt-every", "4", "--threads", "1")  # whatever else runs
+    hold = tmp_path / "hold"
+    hold.touch()
+    first = subprocess.Popen([sys.executable, "-c", HELD_STEPS, str(ROOT), str(hold), *args],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, t0 = tmp_path / "a" / "metrics.jsonl", time.time()
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2) and time.time() - t0 < 60:
         time.sleep(0.05)
@@ -248,8 +265,9 @@ def test_a_run_folder_holds_one_run_at_a_time(tmp_path, docs):
         assert p.returncode == 1 and err.count("\n") == 1 and "Traceback" not in err, err
         assert err.startswith(f"error: --out {tmp_path / 'a'}: another run is using it (pid {first.pid} on "), err
     assert first.poll() is None, "the first run ended before the others were refused: nothing was tested"
+    hold.unlink()
     assert first.wait(timeout=120) == 0
-    T.main(run_args(docs, tmp_path / "alone", "--steps", "40", "--ckpt-every", "5", "--threads", "1"))
+    T.main(run_args(docs, tmp_path / "alone", "--steps", "12", "--ckpt-every", "4", "--threads", "1"))
     assert trace(tmp_path / "a") == trace(tmp_path / "alone")
     assert [c.name for c in runs.checkpoints(tmp_path / "a")] == [c.name for c in runs.checkpoints(tmp_path / "alone")]
     assert_same_weights(tmp_path / "alone" / "model", tmp_path / "a" / "model")
@@ -418,12 +436,12 @@ def test_torchrun_restart_resumes_and_finishes(tmp_path, docs, reap):
     p = reap(torchrun("--nproc_per_node=2", "--max-restarts=1", "--rdzv_backend=c10d",
                                   f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=declutr-restart",
                                   str(ROOT / "train.py"),
-                                  *run_args(docs, tmp_path / "k", "--steps", "40", "--ckpt-every", "5")),
+                                  *run_args(docs, tmp_path / "k", "--steps", "12", "--ckpt-every", "3")),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics, t0, killed = tmp_path / "k" / "metrics.jsonl", time.time(), False
     while time.time() - t0 < 200 and not killed:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 12:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
             workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
             os.kill(int(workers[-1]), signal.SIGKILL)
             killed = True
@@ -431,7 +449,7 @@ def test_torchrun_restart_resumes_and_finishes(tmp_path, docs, reap):
     out = p.communicate(timeout=120)[0]
     assert killed and p.returncode == 0, out[-3000:]
     assert "resuming at step" in out
-    assert trace(tmp_path / "k")[-1][0] == 40
+    assert trace(tmp_path / "k")[-1][0] == 12
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
