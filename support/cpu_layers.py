@@ -8,7 +8,7 @@ inductor emits on a CPU) with its weight laid out once in oneDNN's blocked forma
 casts and lays it out again at every call; and BERT's and RoBERTa's feed-forward applies its GELU inside the up
 product, to the fp32 sums before they are rounded: one pass fewer over the widest activations of the layer, and one
 rounding. Attention, the LayerNorms and the residual sums run as model.py writes them. The figures:
-docs/measurements.md (all-MiniLM-L6-v2, a whole embed.py process, an AMX Xeon: about 1.3x model.py's own layers).
+docs/measurements.md (all-MiniLM-L6-v2, a whole embed.py process on an AMX Xeon: 1.16x model.py's own layers).
 """
 import functools
 import sys

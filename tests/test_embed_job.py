@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import embed as E
-from conftest import ROOT, WORDS
+from conftest import ROOT, WORDS, run_here
 from support import embed_job
 from support.device import cpu_has_bf16
 from test_train import free_port, reap, torchrun  # noqa: F401 (reap: a fixture)
@@ -153,16 +153,15 @@ def test_sigterm_half_way_keeps_the_blocks_done_and_a_second_job_is_refused_mean
     out = tmp_path / "t.jsonl"
     p = job(reap, tiny, corpus, out, wait=False)
     wait_for_blocks(p, out, 4)
-    code, text = job(reap, tiny, corpus, out, "--resume", ranks=1)
-    assert code == 1 and f"error: --output {out}: another run is using it (pid " in text, text
+    r = run_here(E.main, *args(tiny, corpus, out, "--resume"))  # a second job, from this process
+    assert r.returncode == 1 and f"error: --output {out}: another run is using it (pid " in r.stderr, r.stderr
     wait_for_blocks(p, out, 8)
     p.send_signal(signal.SIGTERM)
     text = p.communicate(timeout=60)[0]
     [line] = [s for s in ours(text) if s.startswith("error: ")]
     assert line.startswith("error: terminated (SIGTERM); ") and f" of {ROWS:,} rows kept in " in line, line
     assert p.returncode != 0 and not out.exists() and blocks_kept(out) >= 8
-    code, text = job(reap, tiny, corpus, out, "--resume", ranks=1)
-    assert code == 0, text
+    E.main(args(tiny, corpus, out, "--resume"))
     assert out.read_bytes() == (corpus / "one.jsonl").read_bytes()
 
 

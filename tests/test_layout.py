@@ -176,3 +176,23 @@ def test_bench_scripts_take_only_names_that_exist():
               "train.compiled_graphs()\nchunks.length_groups\ntrain.train_step\n")
     assert bench_names_missing(broken) == ["train.compiled_graphs"]
     assert bench_names_missing("from support.device import no_such_name\n") == ["support.device.no_such_name"]
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_its_heading():
+    """A relative link in README.md, docs/ or bench/README.md names a file that exists and, after '#', a heading of it
+    (GitHub's anchors: lower case, punctuation but hyphens dropped, spaces made hyphens)."""
+    def anchors(path) -> set[str]:
+        heads = [line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")]
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(\s*([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):  # http(s): and mailto: are not ours to check
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []

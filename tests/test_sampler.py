@@ -2,15 +2,13 @@
 import collections
 import gzip
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import sampler as S
-from conftest import ROOT, SHARED, WORDS, minilm, need
+from conftest import SHARED, WORDS, minilm, need, run_here
 from support import hub as H
 from support.cli import UserError
 from support.corpus import prepare_corpus
@@ -380,9 +378,8 @@ def test_cli_bad_input_is_one_line(tmp_path):
     (tmp_path / "short.txt").write_text("too short to sample from")
     (tmp_path / "empty.txt").write_text("")
 
-    def run(*a):
-        return subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(model), "--cache-dir",
-                               str(tmp_path / "c"), *a], capture_output=True, text=True, timeout=120)
+    def run(*a):  # sampler.py, in this process
+        return run_here(S.main, "--model", model, "--cache-dir", tmp_path / "c", *a)
 
     r = run("--data", str(tmp_path))
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: no document has the 2,040 tokens")
@@ -394,8 +391,6 @@ def test_cli_bad_input_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_cli_on_gutenberg_books(tmp_path):
     books = sorted(need(GUTENBERG).glob("*.txt"))[:3]
-    r = subprocess.run([sys.executable, str(ROOT / "sampler.py"), "--model", str(minilm()),
-                        "--cache-dir", str(tmp_path), "--docs-per-step", "3", "--data", *map(str, books)],
-                       capture_output=True, text=True, timeout=300)
+    r = run_here(S.main, "--model", minilm(), "--cache-dir", tmp_path, "--docs-per-step", "3", "--data", *books)
     assert r.returncode == 0, r.stderr
     assert "3 files, 3 documents" in r.stderr and "6 anchors" in r.stdout and "12 positives" in r.stdout

@@ -8,7 +8,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import model as M
 import sampler as S
 import support.retrieval as R
 import train as T
-from conftest import WORDS
+from conftest import WORDS, run_here
 from support.corpus import prepare_corpus
 from test_train import free_port, reap, run_args, torchrun  # noqa: F401 (reap: a fixture)
 
@@ -183,8 +182,7 @@ def test_evaluate_sts_scores_spans_beside_tfidf(tmp_path, tiny, capsys):
     for bad, says in ((tmp_path / "short", f"--docs {tmp_path / 'short'}: none of its 1 documents holds two spans"),
                       (tmp_path / "none", f"{tmp_path / 'none'}: no such file or directory"),
                       (tmp_path / "empty", f"{tmp_path / 'empty'}")):
-        r = subprocess.run([sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(tiny), "--docs", str(bad),
-                            "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, cwd=tmp_path)
+        r = run_here(E.main, "--model", tiny, "--docs", bad, "--cache-dir", tmp_path / "cache")  # in this process
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode != 0 and last.startswith("error: ") and says in last, r.stderr
         assert "Traceback" not in r.stderr

@@ -390,6 +390,8 @@ def test_a_run_resumes_on_the_processes_it_had(tmp_path, docs, reap):
     """A run of 2 processes, killed after its checkpoint at step 4: resumed as one plain process, it is refused with
     one line that gives the command that continues it, nothing written, exit 2; that command gives every loss and
     every weight of the run never stopped; --any-world-size goes on with one process, saying so."""
+    from conftest import run_here
+
     def torchrun_run(out, *extra, wait=True):
         p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
                           *run_args(docs, out, "--steps", "8", "--ckpt-every", "4", *extra)),
@@ -408,8 +410,7 @@ def test_a_run_resumes_on_the_processes_it_had(tmp_path, docs, reap):
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     before = {q: q.read_bytes() for q in (tmp_path / "b").rglob("*") if q.is_file() and q.name != ".declutr.lock"}
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out", str(tmp_path / "b"), "--resume"],
-                       capture_output=True, text=True)
+    r = run_here(T.main, "--out", tmp_path / "b", "--resume")  # train.py, in this process
     hint = f"torchrun --nproc_per_node=2 train.py --out {tmp_path / 'b'} --resume"
     assert r.returncode == 2 and r.stderr == (
         f"error: {tmp_path / 'b'}: the run was trained by 2 process(es), this is 1, and every later step would differ "
@@ -424,8 +425,7 @@ def test_a_run_resumes_on_the_processes_it_had(tmp_path, docs, reap):
     assert "resuming at step 4" in out, out[-3000:]
     assert trace(tmp_path / "b") == trace(tmp_path / "a")
     assert_same_weights(tmp_path / "a" / "model", tmp_path / "b" / "model")
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--out", str(tmp_path / "c"), "--resume",
-                        "--any-world-size"], capture_output=True, text=True)
+    r = run_here(T.main, "--out", tmp_path / "c", "--resume", "--any-world-size")
     assert r.returncode == 0 and (f"warning: {tmp_path / 'c'}: the run was trained by 2 process(es) and goes on with 1 "
                                   f"(--any-world-size)") in r.stderr, r.stderr
     assert trace(tmp_path / "c")[:4] == trace(tmp_path / "a")[:4] and trace(tmp_path / "c") != trace(tmp_path / "a")
@@ -624,8 +624,10 @@ def test_sigterm_checkpoints_its_step_and_resume_gives_the_uninterrupted_run(tmp
 
 @pytest.mark.slow
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, docs, reap):
+    """SIGTERM to one rank of two: both stop after the same step, checkpointed. The run is --no-mlm, so that it also
+    shows DDP with the MLM head unused completing every step up to there (no rank waits for that head's gradient)."""
     p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
-                      *run_args(docs, tmp_path / "t", "--steps", "40", "--ckpt-every", "100")),
+                      *run_args(docs, tmp_path / "t", "--steps", "40", "--ckpt-every", "100", "--no-mlm")),
              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics, t0 = tmp_path / "t" / "metrics.jsonl", time.time()
     while p.poll() is None and time.time() - t0 < 120:
@@ -638,18 +640,8 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path, docs
     [ckpt] = runs.checkpoints(tmp_path / "t")
     step = int(ckpt.name.removeprefix("step-"))
     assert step < 40 and trace(tmp_path / "t")[-1][0] == step, out[-3000:]  # rank 0 logged up to the same step
+    assert [s for s, *_ in trace(tmp_path / "t")] == list(range(1, step + 1)) and step >= 4
     assert runs.read_train_state(ckpt)["step"] == step and "terminated (SIGTERM) after step" in out
-
-
-@pytest.mark.slow
-def test_torchrun_without_mlm_does_not_hang(tmp_path, docs, reap):
-    """DDP with the MLM head unused (--no-mlm) over 2 ranks: every step completes."""
-    p = reap(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), str(ROOT / "train.py"),
-                      *run_args(docs, tmp_path / "m", "--steps", "4", "--no-mlm")),
-             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    out = p.communicate(timeout=120)[0]
-    assert p.returncode == 0, out[-3000:]
-    assert [s for s, *_ in trace(tmp_path / "m")] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("cores, busy, local_world, want", [
