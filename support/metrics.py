@@ -151,7 +151,11 @@ class Board:
                 f"goes on, its numbers in {out / METRICS}", file=sys.stderr)
             return None
         folder = out / BOARD
-        earlier = folder.is_dir() and any(folder.glob("events.out.tfevents.*"))
+        earlier = sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []
+        # TensorBoard reads the files in name order, which begins with the second each was made: a file made within
+        # the second of an earlier one could sort before it, and that file's purge (below) would come too soon
+        while earlier and int(time.time()) <= int(earlier[-1].name.split(".")[3]):
+            time.sleep(0.05)
         # A resumed run: TensorBoard drops the steps after the checkpoint from the earlier files (they run again)
         board = cls(SummaryWriter(str(folder), purge_step=step + 1 if earlier else None))
         if not earlier:  # --tensorboard first given on --resume: the steps before it, from metrics.jsonl

@@ -133,6 +133,19 @@ def test_tensorboard_holds_metrics_jsonl_across_a_stop_and_resume(tmp_path, docs
     assert seen == want
 
 
+def test_a_resumed_runs_events_sort_after_the_earlier_ones(tmp_path):
+    """TensorBoard reads a folder's event files in name order, which begins with the second each was made; a resumed
+    run's file made within the second of the last one (a quick restart) sorts after it all the same, so that its
+    purge of the steps run again comes after them (a test's in-process resume once put it first)."""
+    oracle("tensorboard")
+    folder = tmp_path / metrics.BOARD
+    folder.mkdir()
+    last = folder / f"events.out.tfevents.{int(time.time())}.~"  # this second, named to sort after any host's name
+    last.write_bytes(b"")
+    metrics.Board.open(tmp_path, 4).close()
+    assert sorted(folder.glob("events.out.tfevents.*"))[0] == last
+
+
 def test_tensorboard_turned_on_at_resume_has_the_steps_before_and_without_the_package_the_run_goes_on(
         tmp_path, docs, capsys, monkeypatch):
     oracle("tensorboard")

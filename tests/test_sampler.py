@@ -372,7 +372,6 @@ def test_short_documents_skipped_or_scaled(tmp_path, tok, capsys):
     assert b["anchor_lengths"].max() - 2 <= n // 4
 
 
-@pytest.mark.slow
 def test_cli_bad_input_is_one_line(tmp_path):
     model = minilm()
     (tmp_path / "short.txt").write_text("too short to sample from")
@@ -388,7 +387,6 @@ def test_cli_bad_input_is_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "missing: no such file" in r.stderr
 
 
-@pytest.mark.slow
 def test_cli_on_gutenberg_books(tmp_path):
     books = sorted(need(GUTENBERG).glob("*.txt"))[:3]
     r = run_here(S.main, "--model", minilm(), "--cache-dir", tmp_path, "--docs-per-step", "3", "--data", *books)

@@ -162,7 +162,6 @@ def test_a_model_that_cannot_tell_spans_apart_scores_chance(tmp_path, tiny):
 
 # --- evaluate_sts.py and train.py ------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def test_evaluate_sts_scores_spans_beside_tfidf(tmp_path, tiny, capsys):
     """--docs: a SPANS row (MRR, R@1, R@10) for each model side by side, and TF-IDF's column; the JSON holds every
     figure; no documents, or none long enough, is one line."""
