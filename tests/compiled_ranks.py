@@ -1,7 +1,9 @@
-"""Run by tests/test_gpu_path.py under torchrun: train.py with --compile inside DistributedDataParallel, the compiler's
-backend $COMPILE_BACKEND (aot_eager: dynamo and AOTAutograd as inductor gets them, without its code generation), and
+"""Run by tests/test_gpu_path.py under torchrun: train.py twice in each rank, first eager DistributedDataParallel (the
+arguments before `--then`), then with --compile inside it (those after), the compiler's backend $COMPILE_BACKEND
+(aot_eager: dynamo and AOTAutograd as inductor gets them, without its code generation), and
 torch._dynamo.config.optimize_ddp as train.py sets it. Each rank writes what dynamo built and its weights to
-$RANK_WEIGHTS/rank{R}.pt."""
+$RANK_WEIGHTS/{eager,compiled}/rank{R}.pt. Both runs in one launch: each launch spends about 5 s starting; the second
+run's processes meet under a prefix of their own in torchrun's store, as a restart's do."""
 import functools
 import os
 import sys
@@ -44,8 +46,17 @@ def train_and_keep(run):
     state = {"step": run.step, "weights": run.encoder.state_dict(), "graphs": graphs, "gave_up": gave_up,
              "graph_breaks": sum(dynamo.utils.counters["graph_break"].values()),
              "optimize_ddp": str(dynamo.config.optimize_ddp), "splits": splits}
-    torch.save(state, Path(os.environ["RANK_WEIGHTS"]) / f"rank{run.proc.rank}.pt")
+    torch.save(state, KEPT / f"rank{run.proc.rank}.pt")
+
+
+def own_prefix(rendezvous):
+    return lambda rank, world: torch.distributed.PrefixStore("compiled", rendezvous(rank, world))
 
 
 train.train = train_and_keep
-train.main(sys.argv[1:])
+cut = sys.argv.index("--then")
+for KEPT, args in ((Path(os.environ["RANK_WEIGHTS"]) / "eager", sys.argv[1:cut]),
+                   (Path(os.environ["RANK_WEIGHTS"]) / "compiled", sys.argv[cut + 1:])):
+    KEPT.mkdir(parents=True, exist_ok=True)
+    train.main(args)
+    processes.rendezvous = own_prefix(processes.rendezvous)

@@ -2,6 +2,7 @@
 optional package, or given an --out that holds nothing or is a file, says so in one line; a benchmark writes under
 its --out, and a figure the docs show changes only when its path is named."""
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -32,12 +33,19 @@ def one_line(r) -> str:
 NOT_INSTALLED = "pytest,transformers,sentence_transformers,mteb,matplotlib,pyarrow,tensorboard"
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def helps():
+    """Every script's --help, run in one process (tests/help_all.py) with the optional packages unimportable."""
+    r = run(ROOT / "tests" / "help_all.py", *BENCH, blocked=NOT_INSTALLED)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("script", BENCH)
-def test_every_bench_script_answers_help(script):
+def test_every_bench_script_answers_help(script, helps):
     """With the README's install alone: no test helper (tests/ imports pytest), no optional package."""
-    r = run(ROOT / "bench" / script, "--help", blocked=NOT_INSTALLED)
-    assert r.returncode == 0 and r.stdout.startswith("usage: ") and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = helps[script]
+    assert r["returncode"] == 0 and r["stdout"].startswith("usage: ") and "Traceback" not in r["stderr"], r["stderr"]
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_env_dry_run.sh"])

@@ -18,7 +18,7 @@ from support import embed_job
 from support.device import cpu_has_bf16
 from test_train import free_port, reap, torchrun  # noqa: F401 (reap: a fixture)
 
-ROWS, BLOCK = 6_000, 200  # 30 blocks: a job of a few seconds on 2 CPU processes, long enough to stop half way
+ROWS, BLOCK = 3_000, 100  # 30 blocks: a job of about 2 s on 2 CPU processes, long enough to stop half way
 SMALL = 1_200  # for the tests of one process: 30 blocks of 40
 
 

@@ -26,11 +26,11 @@ from test_train import assert_same, free_port, run_args, step_grads, torchrun, t
 
 @pytest.mark.slow
 def test_preparation_longer_than_the_collective_timeout_finishes(tmp_path, docs):
-    """2 ranks on gloo, --ddp-timeout 3 s, tokenising the corpus takes 8 s more: no collective waits on it."""
+    """2 ranks on gloo, --ddp-timeout 3 s, tokenising the corpus takes 5 s more: no collective waits on it."""
     r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()),
                                 str(ROOT / "tests" / "slow_prepare.py"),
                                 *run_args(docs, tmp_path / "run", "--steps", "2", "--ddp-timeout", "3")),
-                       env={**os.environ, "SLOW_PREPARE_SECONDS": "8", "OMP_NUM_THREADS": "1"},
+                       env={**os.environ, "SLOW_PREPARE_SECONDS": "5", "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s for s, *_ in trace(tmp_path / "run")] == [1, 2]
@@ -266,18 +266,17 @@ def test_compile_under_torchrun_gives_eager_ddps_run(tmp_path, docs, extra):
     GradCache (chunks of 2 spans with 2 MLM targets among them, which dynamo's duck sizing once made a graph of their
     own), no graph break, never the recompile limit; the losses and every rank's weights those of eager DDP, bit for
     bit."""
-    runs_ = {}
-    for compiled in (False, True):
-        out, kept = tmp_path / f"run-{compiled}", tmp_path / f"weights-{compiled}"
-        kept.mkdir()
-        args = run_args(docs, out, "--steps", "10", *extra, *(["--compile"] if compiled else []))
-        r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()),
-                                    str(ROOT / "tests" / "compiled_ranks.py"), *args),
-                           env={**os.environ, "RANK_WEIGHTS": str(kept), "OMP_NUM_THREADS": "1"},
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        runs_[compiled] = trace(out), [torch.load(kept / f"rank{k}.pt", weights_only=True) for k in (0, 1)]
-    (eager_trace, eager), (trace_, ranks) = runs_[False], runs_[True]
+    args = {"eager": run_args(docs, tmp_path / "eager", "--steps", "10", *extra),
+            "compiled": run_args(docs, tmp_path / "compiled", "--steps", "10", *extra, "--compile")}
+    # one launch, each rank running both (tests/compiled_ranks.py)
+    r = subprocess.run(torchrun("--nproc_per_node=2", "--master_port", str(free_port()),
+                                str(ROOT / "tests" / "compiled_ranks.py"), *args["eager"], "--then", *args["compiled"]),
+                       env={**os.environ, "RANK_WEIGHTS": str(tmp_path / "weights"), "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs_ = {kind: (trace(tmp_path / kind), [torch.load(tmp_path / "weights" / kind / f"rank{k}.pt",
+                                                        weights_only=True) for k in (0, 1)]) for kind in args}
+    (eager_trace, eager), (trace_, ranks) = runs_["eager"], runs_["compiled"]
     assert trace_ == eager_trace
     for rank, ref in zip(ranks, eager, strict=True):
         assert all(torch.equal(rank["weights"][n], w) for n, w in ref["weights"].items())
@@ -538,7 +537,7 @@ def test_the_gpu_check_runs_dry_on_a_cpu(tmp_path):
     assert set(res["summary"]) == set("abcdefghij") | {"seconds"}
     assert sections_not_passed(res["summary"]) == {}, r.stdout[-3000:] + r.stderr[-2000:]
     assert r.returncode == 0, r.stderr[-2000:]
-    assert res["h"]["status"].startswith("skipped")
+    assert res["h"]["status"].startswith("skipped") and res["setup"]["compile_backend"] == "aot_eager"
     # what a reader of a GPU's results looks for: i's figures for each attention path, j's against sentence-transformers
     assert set(res["i"]["tokens_per_s"]) == set(res["i"]["mfu"]) == {"padded", "packed", "varlen"}
     assert res["i"]["tokens_per_s"]["packed"] > 0 and res["i"]["tokens_per_s"]["varlen"] == "n/a (CUDA only)"
@@ -652,8 +651,8 @@ def test_the_gpu_checks_results_go_under_out_where_it_is_set(monkeypatch, tmp_pa
 @pytest.mark.slow
 def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_line(tmp_path, monkeypatch):
     """`--sections ij` after a whole run (the documented way to rerun some) keeps a-h's results in the JSON and the
-    summary, its own replacing i and j's; the log is appended to. $OUT, or --json, under a folder that cannot be made
-    (a read-only file system) is one line, exit 1, no traceback."""
+    summary, its own replacing i and j's; the log is appended to; the check's scratch folder is gone after it. $OUT,
+    or --json, under a folder that cannot be made (a read-only file system) is one line, exit 1, no traceback."""
     gpu_check = bench_script("gpu_check")
     out = tmp_path / "gpu_check.json"
     before = {k: {"status": "ok", "passed": True, "seconds": 1} for k in gpu_check.SECTIONS} | {"summary": {"a": "x"}}
@@ -663,6 +662,8 @@ def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_
     class Light(gpu_check.Check):
         def __init__(self, dry, path):  # none of the real set-up: the sections below need none
             self.dry, self.out, self.results, self.dev, self.shape = dry, path, {}, torch.device("cpu"), "tiny"
+            self.tmp = tmp_path / "scratch"
+            (self.tmp / "docs").mkdir(parents=True)
 
     def passes(key):
         def section(check):
@@ -674,6 +675,7 @@ def test_a_rerun_of_some_sections_keeps_the_others_and_an_unwritable_out_is_one_
     monkeypatch.setattr(gpu_check, "SECTIONS", {k: (passes(k), 5) for k in gpu_check.SECTIONS})
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--dry-run", "--sections", "ij", "--json", str(out)])
     gpu_check.main()
+    assert not (tmp_path / "scratch").exists()
     after = json.loads(out.read_text())
     assert {k: after[k] for k in "abcdefgh"} == {k: before[k] for k in "abcdefgh"}
     assert after["summary"] | {"seconds": 0} == {k: "pass" for k in gpu_check.SECTIONS} | {"seconds": 0}
