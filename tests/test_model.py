@@ -266,10 +266,12 @@ def test_sharded_and_old_names(tmp_path):
 
 @pytest.mark.slow
 def test_minilm_matches_sentence_transformers():
+    """Every third of STS-B dev's 2,900 sentences (test_evaluate_sts scores all of them, against sentence-transformers'
+    own score): our embeddings are sentence-transformers'."""
     path = minilm()
     st = oracle("sentence_transformers")
-    sents = stsb_sentences()
-    assert len(sents) > 2500
+    sents = stsb_sentences()[::3]
+    assert len(sents) > 900
     ref = st.SentenceTransformer(str(path), device="cpu").encode(sents, batch_size=64, convert_to_numpy=True)
     ours, tok = M.load_pretrained(str(path))
     emb = E.encode(sents, ours, tok)  # none of them is over the 256 tokens sentence-transformers keeps

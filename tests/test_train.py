@@ -399,7 +399,7 @@ def test_a_run_resumes_on_the_processes_it_had(tmp_path, docs, reap):
                  env={**os.environ, "OMP_NUM_THREADS": "1"})
         return p.communicate(timeout=150)[0] if wait else p
 
-    torchrun_run(tmp_path / "a")
+    never_stopped = torchrun_run(tmp_path / "a", wait=False)  # beside the run that is killed: the cores are 2
     p = torchrun_run(tmp_path / "b", wait=False)
     t0 = time.time()
     while not (tmp_path / "b" / "checkpoints" / "step-00000004").exists() and time.time() - t0 < 120:
@@ -409,6 +409,7 @@ def test_a_run_resumes_on_the_processes_it_had(tmp_path, docs, reap):
         os.kill(int(worker), signal.SIGKILL)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
+    assert never_stopped.communicate(timeout=150)[0] is not None and never_stopped.returncode == 0
     before = {q: q.read_bytes() for q in (tmp_path / "b").rglob("*") if q.is_file() and q.name != ".declutr.lock"}
     r = run_here(T.main, "--out", tmp_path / "b", "--resume")  # train.py, in this process
     hint = f"torchrun --nproc_per_node=2 train.py --out {tmp_path / 'b'} --resume"
