@@ -282,8 +282,6 @@ def grad_cache(check: Check):
     check.record("b", passed=all(v <= 1e-3 for k, v in check.results["b"].items() if k.endswith("grad_diff")))
 
 
-
-
 def compile_check(check: Check):
     """(c) --compile against eager: fp32 gradients, bf16 against its own spread, graph breaks, graphs, step time."""
     import torch._dynamo as dynamo
@@ -813,9 +811,8 @@ def arguments(argv=None) -> argparse.Namespace:
     ap.add_argument("--json", default=str(out / "gpu_check.json"), help="results, rewritten per section")
     ap.add_argument("--sections", default="".join(SECTIONS), help="which sections, e.g. abd")
     ap.add_argument("--compile-backend", choices=["inductor", "aot_eager"],
-                    help="torch.compile's backend in b and c: inductor (the default), or aot_eager (a dry run's "
-                         "default: dynamo and AOTAutograd as inductor receives them, without the C++ inductor builds "
-                         "for a CPU, 1.5 minutes with its caches empty, which no GPU runs)")
+                    help="torch.compile's backend in b and c: inductor (the default on a GPU) or aot_eager (a dry "
+                         "run's default: the graphs inductor would be given, without its C++ builds for a CPU)")
     return ap.parse_args(argv)
 
 
