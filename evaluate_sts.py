@@ -13,28 +13,29 @@ and the DeCLUTR paper report).
     python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
     python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
     python evaluate_sts.py --model runs/a/model --split dev --output-dtype int8 binary    # what quantising costs
-    python evaluate_sts.py --model runs/a/model --model roberta-base --docs my-held-out-docs/   # SPANS, beside TF-IDF
+    python evaluate_sts.py --model runs/a/model --model roberta-base --docs my-held-out-docs/   # SPANS, beside BM25
 
 On the user's own documents (--docs; train.py --holdout-docs or --eval-docs during a run), held-out span retrieval
 (SPANS): query spans drawn as anchors are, each paired with a target drawn as a positive near it but sharing no text
-(sampler.heldout_pairs), every target a candidate for every query, scored beside word overlap (TF-IDF).
+(sampler.heldout_pairs), every target a candidate for every query, scored beside word overlap (BM25 and TF-IDF).
 """
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from embed import encode
+from embed import encode, max_tokens
 from model import load_config_and_tokenizer, load_pretrained
 from sampler import SamplerConfig, heldout_pairs
-from support import cpu_layers
-from support.cli import Progress, UserError, cli, flag, parse_config
-from support.corpus import prepare_corpus
+from support import cpu_layers, hub
+from support.cli import Progress, UserError, cli, flag, parse_config, say
+from support.corpus import prepare_corpus, texts_of
 from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
-from support.retrieval import alignment_uniformity, retrieval, target_ranks, word_overlap
+from support.retrieval import NAMES, alignment_uniformity, few_words, retrieval, target_ranks, word_overlap
 from support.sts_files import FEW, no_nan, table, tasks_to_score
 from support.threads import cpu_threads
 
@@ -50,7 +51,7 @@ class EvalConfig(OnDevice):  # --dtype, --device and --threads as embed.py's (su
     output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: int8 (ranges from "
                                     "the task's sentences; cosine), binary (Hamming similarity)")
     docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents (.txt/.jsonl/.parquet, "
-                            "folders), beside word overlap (TF-IDF)")
+                            "folders), beside word overlap (BM25, TF-IDF)")
     span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first model's tokens",
                            low=1, high=20000)
     text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet file, with the text")
@@ -156,25 +157,47 @@ def spearman_of(model, tok, pairs, dtype=None) -> float:
 
 # -----------------------------------------------------------------------------------------------
 # Held-out span retrieval: on the user's own documents, does each query span find the span that lay near it
-# (sampler.heldout_pairs) among every target? Word overlap's answer (TF-IDF) beside it: the figure to beat.
+# (sampler.heldout_pairs) among every target? Word overlap's answers (BM25, TF-IDF) beside it: the figures to beat.
 
 SPAN_GAP = 8  # tokens at least between a query and its target: the target's text is nowhere in its query
 
 
-def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, where: str = "held-out span retrieval"
-               ) -> tuple[list[str], list[str]]:
-    """Queries and their targets as text, drawn once (a fixed seed) from the corpus's documents `docs`: each model
-    reads them with its own tokenizer. One line, that starts with `where`, if the documents hold no pair."""
+def span_lengths(window: int) -> tuple[int, int]:
+    """The spans' shortest and longest, in tokens: the paper's 32 and 512, no longer than a model embeds a text whole
+    (its window less <s> and </s>: all-MiniLM-L6-v2's 254), whatever a run trains on, so that runs compare."""
+    longest = min(SamplerConfig.max_span, window - 2)
+    return min(SamplerConfig.min_span, longest), longest
+
+
+def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, where: str = "held-out span retrieval",
+               clean: bool = True, field: str = "text") -> tuple[list[str], list[str]]:
+    """Queries and their targets as text, drawn once (a fixed seed) from the corpus's documents `docs` in `tok`'s
+    tokens, each span's text cut from its document (the tokenizer's character offsets), not decoded from its tokens:
+    every model and both word baselines read the same text, as the document has it. One line, that starts with
+    `where`, if the documents hold no pair."""
     pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)  # (n, 5)
     if len(pairs) == 0:
         raise UserError(f"{where}: none of its {len(docs):,} documents holds two spans of "
                         f"{min_span} tokens {SPAN_GAP} apart ({2 * min_span + SPAN_GAP} tokens)")
-    start = corpus.offsets[docs][pairs[:, 0]]
+    doc = np.asarray(docs)[pairs[:, 0]]
+    offsets, texts = {}, texts_of(corpus, np.unique(doc), clean, field)
+    for d, text in texts.items():
+        found = tok.encode(text, add_special_tokens=False)
+        if not np.array_equal(found.ids, corpus.tokens[corpus.offsets[d]:corpus.offsets[d + 1]]):
+            raise UserError(f"{where}: its document {d + 1:,} is not the text it was tokenised from; was a file "
+                            f"changed during the run? ({corpus.dir})")
+        offsets[d] = found.offsets  # each token's (first character, one past its last)
 
-    def texts(a, b):
-        return tok.decode_batch([corpus.tokens[s + i:s + j].tolist() for s, i, j in zip(start, a, b, strict=True)])
+    def cut(d, i, j):  # tokens i to j - 1 of document d, as its text has them
+        return texts[d][offsets[d][i][0]:offsets[d][j - 1][1]]
 
-    return texts(pairs[:, 1], pairs[:, 2]), texts(pairs[:, 3], pairs[:, 4])
+    queries = [cut(d, q0, q1) for d, (_, q0, q1, _, _) in zip(doc, pairs, strict=True)]
+    targets = [cut(d, t0, t1) for d, (_, _, _, t0, t1) in zip(doc, pairs, strict=True)]
+    q_len, t_len = pairs[:, 2] - pairs[:, 1], pairs[:, 4] - pairs[:, 3]
+    say(f"{where}: {len(pairs):,} pairs from {len(texts):,} documents; queries {q_len.min()}-{q_len.max()} tokens "
+        f"(mean {q_len.mean():.0f}), targets {t_len.min()}-{t_len.max()} (mean {t_len.mean():.0f}), at least "
+        f"{SPAN_GAP} apart", file=sys.stderr)
+    return queries, targets
 
 
 def span_retrieval(model, tok, queries, targets, dtype=None, batch_tokens=0, share=(0, 1, None)) -> dict:
@@ -222,21 +245,52 @@ def evaluate(cfg: EvalConfig):
         if spans:
             progress.note(f"SPANS, {len(spans[0]):,} pairs")
             results[name]["SPANS"] = span_retrieval(model, tok, *spans, dtype, cfg.batch_tokens)
+            results[name]["SPANS"]["cut"] = longer_than(tok, spans[0] + spans[1], max_tokens(model) - 2)
         progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - progress.t0:.0f}s")
     if spans:
-        results["TF-IDF (words)"] = {"SPANS": word_overlap(*spans)}
+        words = word_overlap(*spans)
+        results |= {f"{NAMES[k]} (words)": {"SPANS": words[k]} for k in ("bm25", "tfidf")}
     print(table(results) + ("\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""))
+    if spans:
+        print(spans_said(results, cfg.model, words))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 
 
 def held_out_spans(cfg: EvalConfig) -> tuple[list[str], list[str]]:
-    """--docs' query and target texts, drawn in the first model's tokens with the paper's span lengths (up to its
-    positions), the same for every model."""
+    """--docs' query and target texts, drawn in the first model's tokens with the paper's span lengths, up to the
+    longest span every model reads whole (its window less <s> and </s>: all-MiniLM-L6-v2 reads 254), the same text
+    for every model."""
     config, tok = load_config_and_tokenizer(cfg.model[0])
+    shortest, longest = span_lengths(min(window(name) for name in cfg.model))
     corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
-    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, SamplerConfig.min_span,
-                      min(SamplerConfig.max_span, config.max_tokens - 2), where=f"--docs {' '.join(cfg.docs)}")
+    say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads whole)",
+        file=sys.stderr)
+    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, shortest, longest,
+                      where=f"--docs {' '.join(cfg.docs)}", field=cfg.text_field)
+
+
+def window(name: str) -> int:
+    """The most tokens a model embeds a text in, <s> and </s> included (embed.max_tokens), without its weights."""
+    config, _ = load_config_and_tokenizer(name)
+    limit = hub.read_sentence_transformers(hub.resolve(name, weights=False)).get("max_seq_length", config.max_tokens)
+    return min(config.max_tokens, limit)
+
+
+def longer_than(tok, texts: list[str], most: int) -> int:
+    """How many of the texts are more than `most` tokens long in `tok`'s tokens (a model reads only their start)."""
+    return sum(len(e.ids) > most for e in tok.encode_batch(texts, add_special_tokens=False))
+
+
+def spans_said(results: dict, models: list[str], words: dict) -> str:
+    """What the SPANS rows say: which word baseline is the bar, how many spans a model read cut, and whether the
+    word baselines could split the text into words at all."""
+    bar = words[words["bar"]]
+    lines = [f"SPANS: the bar to beat is {NAMES[words['bar']]}, MRR {bar['mrr']:.2f} (the word baselines see "
+             f"{words['words']:.0f} words a span)"]
+    lines += [f"SPANS: {m} read only the start of {results[m]['SPANS']['cut']:,} of the spans (longer than it reads)"
+              for m in models if results[m]["SPANS"]["cut"]]
+    return "\n".join(lines + [few_words(words["words"])] * bool(few_words(words["words"])))
 
 
 if __name__ == "__main__":

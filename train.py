@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import evaluate_sts
 import sampler
+from embed import max_tokens
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
 from support import demo, metrics, runs, stopping
@@ -36,6 +37,7 @@ from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.device import autocast_dtype, check_compile, compiled, rng_state, set_rng_state, to_device
 from support.processes import Process, corpus_for_run, data_parallel, eval_documents, gather_rows, processes
+from support.retrieval import word_overlap
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
 from support.training import Run
@@ -300,8 +302,11 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     held = eval_documents(cfg, tok, proc, corpus)  # held-out span retrieval's (--holdout-docs, --eval-docs), or None
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, proc.rank, proc.world,
                                   held_out=held.held_out if held else ())
-    spans = evaluate_sts.span_texts(held.corpus, held.docs, tok, cfg.span_pairs, min(cfg.min_span, batches.max_span),
-                                    batches.max_span, held.flag) if held else None  # the same pairs at every eval
+    # The same pairs at every evaluation, of the paper's span lengths whatever this run's (so that runs compare, and
+    # evaluate_sts.py --docs gives the same figures), no longer than the model embeds a text whole
+    shortest, longest = evaluate_sts.span_lengths(max_tokens(encoder))
+    spans = evaluate_sts.span_texts(held.corpus, held.docs, tok, cfg.span_pairs, shortest, longest, held.flag,
+                                    clean=not cfg.keep_whitespace, field=cfg.text_field) if held else None
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
     scaler = torch.amp.GradScaler(proc.device.type, enabled=autocast_dtype(cfg.dtype, proc.device) == torch.float16)
     run = Run(cfg, out, ChunkedEncoder(encoder, compile=cfg.compile), encoder, tok, opt, scaler, batches,
@@ -313,7 +318,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
             found = evaluate_sts.span_retrieval(encoder, tok, *spans, dtype, share=(proc.rank, proc.world, gather_rows))
             figures |= {f"spans_{k}": v for k, v in found.items()}
             if start:
-                figures |= {f"tfidf_spans_{k}": v for k, v in evaluate_sts.word_overlap(*spans).items()}
+                figures |= metrics.word_figures(word_overlap(*spans))
         if pairs and proc.rank == 0:  # STS-B dev
             figures["stsb_dev_spearman"] = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
         return figures

@@ -305,15 +305,17 @@ def tables(a, out: Path, start: dict, floor: list[float], sick: dict) -> str:
 
 def span_tables(a, out: Path) -> str:
     """--holdout-docs: each arm's held-out span retrieval at its end against the start and against word overlap
-    (TF-IDF), as the STS tables are; then, for each run, the Spearman correlation over its evaluations (the start's
-    included) of span MRR with STS-B dev: does the figure a user can have on their own documents rank the
+    (BM25, TF-IDF), as the STS tables are; then, for each run, the Spearman correlation over its evaluations (the
+    start's included) of span MRR with STS-B dev: does the figure a user can have on their own documents rank the
     checkpoints as STS-B does?"""
     first = metrics_with_start(out, name(*runs(a)[0]))[0]  # the start: one model and the same pairs for every run
+    words = "; ".join(f"word overlap ({name}): MRR {first[f'{w}_spans_mrr']:.2f}, R@1 "
+                      f"{first[f'{w}_spans_recall_at_1']:.2f}, R@10 {first[f'{w}_spans_recall_at_10']:.2f}"
+                      for w, name in (("bm25", "BM25"), ("tfidf", "TF-IDF")) if f"{w}_spans_mrr" in first)
     lines = ["", f"**Held-out span retrieval** (`--holdout-docs {a.holdout_docs}`: {first['spans_n']:,} pairs from the "
              f"held-out documents, every target a candidate), × 100, mean ± standard deviation over the seeds; Δ as "
              f"above. The start: MRR {first['spans_mrr']:.2f}, R@1 {first['spans_recall_at_1']:.2f}, R@10 "
-             f"{first['spans_recall_at_10']:.2f}; word overlap (TF-IDF): MRR {first['tfidf_spans_mrr']:.2f}, R@1 "
-             f"{first['tfidf_spans_recall_at_1']:.2f}, R@10 {first['tfidf_spans_recall_at_10']:.2f}.", ""]
+             f"{first['spans_recall_at_10']:.2f}; {words}.", ""]
     head = ["share", "arm", "MRR", "Δ start", "Δ both", "per seed", "R@1", "R@10", "alignment", "uniformity",
             "Spearman(MRR, STS-B) over evaluations"]
     lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]

@@ -12,6 +12,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from support.files import write_atomic
+from support.retrieval import NAMES
 
 BEST_BY = {"stsb_dev_spearman": "STS-B dev", "spans_mrr": "held-out span retrieval's MRR"}  # cfg.best_key's words
 
@@ -175,8 +176,14 @@ def spans(cfg, records: list[dict], step: int) -> str:
 
     if 0 in rows:
         out.append(f"- the model the run started from: {figures(rows[0])}")
+        if "bm25_spans_mrr" in rows[0]:
+            out.append(f"- word overlap, Okapi BM25 of the spans' words: {figures(rows[0], 'bm25_spans_')}")
         if "tfidf_spans_mrr" in rows[0]:
-            out.append(f"- word overlap (TF-IDF cosine of the spans' words): {figures(rows[0], 'tfidf_spans_')}")
+            out.append(f"- word overlap, TF-IDF cosine of the spans' words: {figures(rows[0], 'tfidf_spans_')}")
+        if "spans_bar" in rows[0]:
+            bar = rows[0]["spans_bar"]
+            out.append(f"- the bar to beat: {NAMES[bar]}, the stronger word baseline (MRR "
+                       f"{rows[0][f'{bar}_spans_mrr']:.2f})")
     if step in rows:
         out.append(f"- this model (step {step:,}): {figures(rows[step])}")
     later = {s: r["spans_mrr"] for s, r in rows.items() if s > 0}

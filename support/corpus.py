@@ -340,6 +340,19 @@ def also_in(corpus: Corpus, other: Corpus) -> np.ndarray:
     return np.asarray([i for i in range(len(corpus)) if digest(corpus, i) in theirs], dtype=np.int64)
 
 
+def texts_of(corpus: Corpus, docs, clean: bool = True, field: str = "text") -> dict[int, str]:
+    """{document index: its text, cleaned as it was tokenised} for the corpus documents `docs`: read again from its
+    files, which the corpus keeps only as token ids (held-out span retrieval cuts its spans' text from them)."""
+    wanted, out = set(map(int, docs)), {}
+    files = [Path(f) for f in corpus.meta["sources"]]
+    for i, text in enumerate(read_documents(files, collections.Counter(), clean, field)):
+        if i in wanted:
+            out[i] = text
+            if len(out) == len(wanted):
+                break
+    return out
+
+
 def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
     """sampler.SpanBatches' documents: one line for what it cannot use (none, none long enough, too few for a step),
     or for what it uses; a --max-span lowered to fit the model's positions is said, unless it is the paper's 512

@@ -5,9 +5,10 @@ same numbers as TensorBoard event files in out/tensorboard/. A resumed run goes 
 metrics.jsonl is cut back to its checkpoint (support/runs.py), and TensorBoard forgets the steps after it.
 
     {"step": 0, "stsb_dev_spearman": 55.1}      with --eval-data: the model the run starts from
-    {"step": 0, "spans_mrr": 26.1, ..., "tfidf_spans_mrr": 24.4, ...}   with --eval-docs or --holdout-docs: held-out
-                                                span retrieval (MRR, R@1, R@10 x 100; alignment, uniformity), and
-                                                word overlap's at the start
+    {"step": 0, "spans_mrr": 26.1, ..., "bm25_spans_mrr": 25.0, ..., "tfidf_spans_mrr": 24.4, ...,
+     "spans_bar": "bm25"}                       with --eval-docs or --holdout-docs: held-out span retrieval (MRR,
+                                                R@1, R@10 x 100; alignment, uniformity), and at the start word
+                                                overlap's (BM25, TF-IDF) and which of the two is the bar to beat
     {"step": 1, "contrastive": 2.77, "mlm": 8.31, "lr": 3.1e-05, "grad_norm": 4.2, "tokens": 19872,
      "tokens_per_s": 20353}                     a step (tokens: all ranks'; + stsb_dev_spearman where evaluated)
 
@@ -25,6 +26,7 @@ import torch
 import torch.distributed
 
 from support.cli import UserError, say
+from support.retrieval import NAMES, few_words
 from support.runs import last_checkpoint
 
 METRICS, BOARD = "metrics.jsonl", "tensorboard"  # in the run folder
@@ -32,7 +34,8 @@ SPAN_FIGURES = ("mrr", "recall_at_1", "recall_at_10", "alignment", "uniformity")
 # metrics.jsonl's numbers as TensorBoard's tags, named as the Hugging Face Trainer names its own
 TAGS = {"contrastive": "train/contrastive", "mlm": "train/mlm", "lr": "train/learning_rate",
         "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s", "stsb_dev_spearman": "eval/stsb_dev",
-        **{f"spans_{k}": f"eval/spans_{k}" for k in SPAN_FIGURES}}
+        **{f"spans_{k}": f"eval/spans_{k}" for k in SPAN_FIGURES},
+        **{f"{w}_spans_{k}": f"eval/{w}_spans_{k}" for w in ("bm25", "tfidf") for k in SPAN_FIGURES[:3]}}
 
 
 def read_metrics(out: Path) -> list[dict]:
@@ -48,13 +51,25 @@ def read_metrics(out: Path) -> list[dict]:
 
 
 def evaluated(rec: dict) -> str:
-    """A log line's evaluation: STS-B dev, held-out span retrieval's MRR (and word overlap's, at the start)."""
+    """A log line's evaluation: STS-B dev, held-out span retrieval's MRR (and at the start word overlap's, the
+    stronger of BM25 and TF-IDF named as the bar to beat)."""
     out = f" | STS-B dev {rec['stsb_dev_spearman']:.2f}" if rec.get("stsb_dev_spearman") is not None else ""
     if "spans_mrr" in rec:
         out += f" | spans MRR {rec['spans_mrr']:.2f}, R@1 {rec['spans_recall_at_1']:.2f}"
-    if "tfidf_spans_mrr" in rec:
-        out += f" (TF-IDF {rec['tfidf_spans_mrr']:.2f}, {rec['tfidf_spans_recall_at_1']:.2f})"
+    if "spans_bar" in rec:
+        both = "; ".join(f"{NAMES[w]} {rec[f'{w}_spans_mrr']:.2f}, {rec[f'{w}_spans_recall_at_1']:.2f}"
+                         for w in ("bm25", "tfidf"))
+        out += f" ({both}; the bar: {NAMES[rec['spans_bar']]})"
+        if few_words(rec.get("spans_words", math.nan)):
+            out += f"; {few_words(rec['spans_words'])}"
     return out
+
+
+def word_figures(words: dict) -> dict:
+    """support.retrieval.word_overlap's answer as metrics.jsonl's numbers: bm25_spans_mrr, ..., tfidf_spans_mrr, ...,
+    spans_bar (which of the two is the bar to beat) and spans_words (the mean words of a span)."""
+    out = {f"{w}_spans_{k}": v for w in ("bm25", "tfidf") for k, v in words[w].items()}
+    return out | {"spans_bar": words["bar"], "spans_words": round(words["words"], 2)}
 
 
 class Log:

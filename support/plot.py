@@ -14,6 +14,7 @@ from pathlib import Path
 from support.cli import UserError, cli, flag, parse_config, say
 from support.files import write_atomic
 from support.metrics import METRICS, read_metrics
+from support.retrieval import NAMES
 
 
 @dataclass
@@ -57,9 +58,11 @@ def draw(runs: dict[str, list[dict]], output: Path, smooth: int = 0):
                 values = moving_mean(list(values), smooth or max(1, len(values) // 50))
             evaluated = key in ("stsb_dev_spearman", "spans_mrr")
             ax.plot(steps, values, color=color, label=name, marker="o" if evaluated else None, linewidth=1.5)
-            for r in records if key == "spans_mrr" else []:  # word overlap's, the bar an encoder must clear
-                if r.get("tfidf_spans_mrr") is not None:
-                    ax.axhline(r["tfidf_spans_mrr"], color=color, linestyle="--", linewidth=1, label=f"{name}: TF-IDF")
+            for r in records if key == "spans_mrr" else []:  # word overlap's, the bars an encoder must clear
+                for word, style in (("bm25", "--"), ("tfidf", ":")):
+                    if r.get(f"{word}_spans_mrr") is not None:
+                        ax.axhline(r[f"{word}_spans_mrr"], color=color, linestyle=style, linewidth=1,
+                                   label=f"{name}: {NAMES[word]}")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -44,9 +44,10 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     overwrite: bool = flag(False, "start afresh in an out that holds an earlier run")
     log_every: int = flag(10, "steps between log lines (metrics.jsonl has every step)", low=1)
     eval_data: str = flag("", "STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best")
-    eval_docs: list = flag(list, "held-out span retrieval at every eval on these documents (not trained on)")
-    holdout_docs: float = flag(0.0, "held-out span retrieval on this share of --data's documents, kept out of training",
-                               low=0, high=0.5)
+    eval_docs: list = flag(list, "held-out span retrieval at every eval on these documents, not trained on: does each "
+                                 "span find the span that lay near it (MRR)? Beat the start's and BM25's (step 0)")
+    holdout_docs: float = flag(0.0, "held-out span retrieval (as --eval-docs) on this share of --data's documents, "
+                                    "kept out of training", low=0, high=0.5)
     span_pairs: int = flag(4000, "held-out span retrieval's query-target pairs", low=1, high=20000)
     eval_every: int = flag(0, "steps between evaluations (0: only at the end)", low=0)
     best_by: str = flag("", "out/best by STS-B dev (stsb) or held-out span retrieval's MRR (spans); default: stsb "

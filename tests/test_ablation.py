@@ -81,7 +81,8 @@ def test_span_table_tracks_sts_b_as_a_naive_rank_correlation(tmp_path):
     ablation = bench_script("ablation")
     start = {"step": 0, "stsb_dev_spearman": 50.0, "spans_mrr": 10.0, "spans_n": 40, "spans_recall_at_1": 5.0,
              "spans_recall_at_10": 20.0, "tfidf_spans_mrr": 12.0, "tfidf_spans_recall_at_1": 6.0,
-             "tfidf_spans_recall_at_10": 22.0, "spans_alignment": 1.0, "spans_uniformity": -2.0}
+             "tfidf_spans_recall_at_10": 22.0, "bm25_spans_mrr": 14.0, "bm25_spans_recall_at_1": 7.0,
+             "bm25_spans_recall_at_10": 25.0, "spans_alignment": 1.0, "spans_uniformity": -2.0}
     mrrs = {0: [11, 12, 13], 1: [12, 11, 13]}  # seed 1 swaps the first two evaluations
     for seed, values in mrrs.items():
         (tmp_path / f"both-seed{seed}").mkdir()
@@ -94,3 +95,4 @@ def test_span_table_tracks_sts_b_as_a_naive_rank_correlation(tmp_path):
     table = ablation.span_tables(a, tmp_path)
     assert "| – | both (DeCLUTR: all views, A = P = 2) | 13.00 ± 0.00 | **+3.00 ± 0.00** | – | 13.00 / 13.00 |" in table
     assert "90.00 ± 14.14" in table and "word overlap (TF-IDF): MRR 12.00" in table
+    assert "word overlap (BM25): MRR 14.00, R@1 7.00, R@10 25.00" in table

@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,7 @@ import model as M
 import sampler as S
 import support.retrieval as R
 import train as T
-from conftest import WORDS, run_here
+from conftest import WORDS, minilm, oracle, run_here
 from support.corpus import prepare_corpus
 from test_train import free_port, reap, run_args, torchrun  # noqa: F401 (reap: a fixture)
 
@@ -66,6 +67,84 @@ def test_pairs_come_from_windows_that_share_no_text():
         assert used.max(initial=0) <= 1
     few = S.heldout_pairs(lengths, 7, 16, 64, 8)
     assert len(few) == 7 and np.array_equal(few, S.heldout_pairs(lengths, 7, 16, 64, 8))
+
+
+def written_docs(folder: Path, n_docs: int = 6, n_words: int = 900, seed=0) -> list[str]:
+    """Documents as a user writes them: capitals, accents, Chinese, punctuation, line breaks; their texts as the
+    corpus cleans them (every run of whitespace one space), in the corpus's order (file names sorted)."""
+    rng = np.random.default_rng(seed)
+    vocab = ["Élodie", "naïve", "CAFÉ", "Zürich", "東京", "北京市", "don't", "O'Hara", "well,", "yes.", "—", "the",
+             "River", "said", "¿qué?", "ﬁne", "Ω"]
+    folder.mkdir()
+    for i in range(n_docs):
+        picks = rng.integers(0, len(vocab), n_words)
+        text = " ".join(vocab[j] + ("\n\n" if rng.random() < 0.05 else "") for j in picks)
+        (folder / f"{i}.txt").write_text(text, encoding="utf-8")
+    return [" ".join((folder / f"{i}.txt").read_text(encoding="utf-8").split()) for i in range(n_docs)]
+
+
+def test_span_texts_are_the_documents_own_text(tmp_path, tiny):
+    """Each query and target is its document's own text between two token boundaries, not its tokens decoded: case,
+    accents and spacing as written (all-MiniLM-L6-v2's tokenizer lowercases and strips accents; its decoded tokens
+    did too), and whole characters where a byte-level BPE token splits one (decoded, such a span begins or ends with
+    U+FFFD: shown on the same draw)."""
+    texts = written_docs(tmp_path / "d")
+    for name in (tiny, minilm()):
+        _, tok = M.load_config_and_tokenizer(str(name))
+        corpus = prepare_corpus([tmp_path / "d"], tok, str(tmp_path / "cache"))
+        queries, targets = E.span_texts(corpus, np.arange(len(corpus)), tok, 300, 8, 40)
+        assert len(queries) == len(targets) > 100
+        for span in queries + targets:
+            assert "\ufffd" not in span and any(span in text for text in texts), span
+        assert any(c.isupper() for c in "".join(queries)) and "é" in "".join(queries + targets)
+        pairs = S.heldout_pairs(corpus.lengths, 300, 8, 40, E.SPAN_GAP)
+        start = corpus.offsets[pairs[:, 0]]
+        decoded = tok.decode_batch([corpus.tokens[s + i:s + j].tolist() for s, i, j in zip(start, pairs[:, 1],
+                                                                                           pairs[:, 2], strict=True)])
+        if name == tiny:  # the old way, on the same draw: broken characters
+            assert sum("\ufffd" in d for d in decoded) > 10
+        else:  # lowercased, accents gone
+            assert not any(c.isupper() for c in "".join(decoded)) and "é" not in "".join(decoded)
+
+
+def test_spans_are_no_longer_than_every_model_reads(tmp_path, tiny, capsys):
+    """--docs with a model that reads 40 tokens (max_seq_length 40, as sentence-transformers' config says): every span
+    at most 38 tokens in the first model's, in either order; a second model with another tokenizer is told how many
+    spans it reads only the start of, and the JSON says so."""
+    short = tmp_path / "short-model"
+    shutil.copytree(tiny, short)
+    (short / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    written_docs(tmp_path / "d")
+    for models in ([tiny, short], [short, tiny]):
+        E.main([*sum((["--model", str(m)] for m in models), []), "--docs", str(tmp_path / "d"), "--span-pairs", "60",
+                "--cache-dir", str(tmp_path / "cache")])
+        err = capsys.readouterr().err
+        assert "up to 38 (what every --model reads whole)" in err and "queries 8-38 tokens" not in err
+        lengths = [int(x) for x in re.search(r"queries (\d+)-(\d+) tokens", err).groups()]
+        assert 8 <= lengths[0] <= lengths[1] <= 38, err
+    real = minilm()
+    E.main(["--model", str(real), "--model", str(short), "--docs", str(tmp_path / "d"), "--span-pairs", "60",
+            "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "o.json")])
+    out, got = capsys.readouterr().out, json.loads((tmp_path / "o.json").read_text())
+    cut = got[str(short)]["SPANS"]["cut"]
+    assert got[str(real)]["SPANS"]["cut"] == 0 and cut > 0
+    assert f"{short} read only the start of {cut:,} of the spans" in out
+    assert "the bar to beat is" in out and "BM25 (words)" in out.splitlines()[0]
+
+
+def test_a_document_changed_since_it_was_tokenised_is_one_line(tmp_path, tiny, monkeypatch):
+    """The spans' text is read again from the files: where it no longer gives the corpus's tokens, one line."""
+    written_docs(tmp_path / "d")
+    _, tok = M.load_config_and_tokenizer(str(tiny))
+    corpus = prepare_corpus([tmp_path / "d"], tok, str(tmp_path / "cache"))
+    real = E.texts_of
+
+    def edited(*args, **kwargs):  # a word changed in every document
+        return {d: t.replace("River", "Lake") for d, t in real(*args, **kwargs).items()}
+
+    monkeypatch.setattr(E, "texts_of", edited)
+    with pytest.raises(E.UserError, match="is not the text it was tokenised from"):
+        E.span_texts(corpus, np.arange(len(corpus)), tok, 50, 8, 40)
 
 
 # --- the figures --------------------------------------------------------------------------------------------
@@ -126,7 +205,50 @@ def test_tfidf_equals_a_naive_dictionary_loop():
             expected = sum(x * naive[j].get(w, 0.0) for w, x in naive[i].items())
             assert (dense[i] @ dense[j]) == pytest.approx(expected)
     got = R.word_overlap(["the cat sat", "a dog barked", "moon rises"], ["cat sat down", "dog barked loud", "x"])
-    assert (got["recall_at_1"], got["n"]) == (pytest.approx(200 / 3), 3)  # the third target shares no word: last
+    for figures in (got["tfidf"], got["bm25"]):  # the third target shares no word: last
+        assert (figures["recall_at_1"], figures["n"]) == (pytest.approx(200 / 3), 3)
+    assert got["words"] == pytest.approx(15 / 6)
+
+
+def test_bm25_equals_bm25s_on_the_same_words():
+    """Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) equals bm25s' "lucene" scores, computed independently, on random
+    Zipf-distributed words: queries that repeat words, targets of every length (empty ones too), words in no target;
+    bm25s in float32, so to 1e-5 of the largest score."""
+    bm25s = oracle("bm25s")
+    rng = np.random.default_rng(0)
+    vocab = [f"w{i}" for i in range(80)]
+    targets = [[vocab[j % 80] for j in rng.zipf(1.3, size=rng.integers(0, 40))] for _ in range(300)]
+    queries = [[vocab[j % 80] for j in rng.zipf(1.3, size=rng.integers(1, 25))] + ["nowhere"] for _ in range(60)]
+    index = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
+    index.index(targets, show_progress=False)
+    expected = np.array([index.get_scores([w for w in q if w in index.vocab_dict]) for q in queries])
+    got = R.bm25_scores(queries, targets)
+    assert got.shape == (60, 300) and np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()
+
+
+def test_bm25_as_worked_by_hand():
+    """Three targets, "a b" (2 words), "b c c" (3), "d" (1): mean length 2. Query "c b". idf of b (in 2 of 3):
+    log(1 + 1.5 / 2.5) = log 1.6; of c (in 1): log(1 + 2.5 / 1.5) = log(8 / 3). Target "b c c": b once, c twice, its
+    length term k1 (1 - b + b 3 / 2) = 1.2 x 1.375 = 1.65: log 1.6 x 1 / 2.65 + log(8/3) x 2 / 3.65. Target "a b":
+    length term 1.2: log 1.6 x 1 / 2.2. Target "d": nothing shared, 0."""
+    got = R.bm25_scores([["c", "b"]], [["a", "b"], ["b", "c", "c"], ["d"]])
+    expected = [math.log(1.6) / 2.2, math.log(1.6) / 2.65 + math.log(8 / 3) * 2 / 3.65, 0.0]
+    assert got[0] == pytest.approx(expected)
+
+
+def test_words_cut_unspaced_scripts_into_pairs_and_say_when_a_span_is_one_word():
+    """Chinese and Japanese runs as their overlapping character pairs (as Lucene's CJK analyzer); other words as
+    runs of letters and digits, lowercased; text with no spaces that is not Chinese or Japanese (here DNA) is one
+    word a span, and the word baselines say so."""
+    assert R.words("The CAT's 東京に行く 2020年, x") == ["the", "cat", "s", "東京", "京に", "に行", "行く", "2020",
+                                                       "年", "x"]
+    rng = np.random.default_rng(0)
+    dna = ["".join(rng.choice(list("ACGT"), 200)) for _ in range(4)]
+    got = R.word_overlap(dna[:2], dna[2:])
+    assert got["words"] == pytest.approx(1.0) and "near chance" in R.few_words(got["words"])
+    assert R.few_words(R.word_overlap(["the cat sat"], ["on the mat"])["words"]) == ""
+    chinese = R.word_overlap(["我们今天去公园散步"], ["他们明天去学校上课"])
+    assert chinese["words"] == pytest.approx(8) and R.few_words(chinese["words"]) == ""
 
 
 def random_word_docs(folder: Path, n_docs: int, n_words: int, topics: bool, seed=0):
@@ -153,7 +275,8 @@ def test_a_model_that_cannot_tell_spans_apart_scores_chance(tmp_path, tiny):
         corpus = prepare_corpus([folder], tok, str(tmp_path / "cache"))
         spans = E.span_texts(corpus, np.arange(len(corpus)), tok, 400, 8, 32)
         assert len(spans[0]) == 400 and not set(spans[0]) & set(spans[1])
-        figures[topics] = E.span_retrieval(model, tok, *spans), R.word_overlap(*spans)
+        words = R.word_overlap(*spans)
+        figures[topics] = E.span_retrieval(model, tok, *spans), words["tfidf"], words["bm25"]
     for found in figures[False]:
         assert found["recall_at_1"] < 3 and found["mrr"] < 5, found
     for found in figures[True]:
@@ -198,13 +321,18 @@ def test_holdout_docs_are_never_trained_on_and_pick_best(tmp_path, docs, monkeyp
     pairs (step 4's figures as the run never stopped)."""
     T.main(span_run(docs, tmp_path / "a", "--holdout-docs", "0.25"))
     recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert {"spans_mrr", "tfidf_spans_mrr", "spans_uniformity"} <= set(recs[0]) and recs[0]["step"] == 0
+    assert {"spans_mrr", "tfidf_spans_mrr", "bm25_spans_mrr", "spans_uniformity"} <= set(recs[0])
+    assert recs[0]["step"] == 0
     evaluated = {r["step"]: r["spans_mrr"] for r in recs if "spans_mrr" in r}
     assert sorted(evaluated) == [0, 2, 4]
     best = max((s for s in evaluated if s > 0), key=lambda s: (evaluated[s], -s))
     card = (tmp_path / "a" / "best" / "README.md").read_text()
     assert f"best model by held-out span retrieval's MRR ({evaluated[best]:.2f}), kept at step {best}" in card
-    assert "word overlap (TF-IDF" in card
+    start = recs[0]
+    assert f"word overlap, Okapi BM25 of the spans' words: {start['bm25_spans_mrr']:.2f}" in card
+    assert f"word overlap, TF-IDF cosine of the spans' words: {start['tfidf_spans_mrr']:.2f}" in card
+    bar = max(("bm25", "tfidf"), key=lambda w: start[f"{w}_spans_mrr"])
+    assert start["spans_bar"] == bar and f"the bar to beat: {R.NAMES[bar]}" in card
     # no batch of the run's steps holds a held-out document
     from support.corpus import Corpus, held_out
 
@@ -235,7 +363,9 @@ def test_eval_docs_that_are_training_documents_are_left_out(tmp_path, docs, caps
     assert "--eval-docs: 2 of its 8 documents are also training documents; left out of the evaluation" in \
         capsys.readouterr().err
     rec = json.loads((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()[0])
-    assert rec["spans_n"] == 40 and rec["step"] == 0
+    # the paper's span lengths, whatever the run's (--max-span 32): each of the 6 documents left is shorter than a
+    # window of 2 x 510 + 8 tokens and holds one pair
+    assert rec["spans_n"] == 6 and rec["step"] == 0
 
 
 def test_span_flags_that_cannot_work_are_one_line(tmp_path, docs, capsys):
@@ -245,7 +375,7 @@ def test_span_flags_that_cannot_work_are_one_line(tmp_path, docs, capsys):
     (tmp_path / "short" / "a.txt").write_text("the cat sat on the mat")
     for extra, says in ((["--eval-docs", str(tmp_path / "empty")], f"{tmp_path / 'empty'}"),
                         (["--eval-docs", str(tmp_path / "short")],
-                         f"--eval-docs {tmp_path / 'short'}: none of its 1 documents holds two spans of 8 tokens"),
+                         f"--eval-docs {tmp_path / 'short'}: none of its 1 documents holds two spans of 32 tokens"),
                         (["--eval-docs", str(docs), "--holdout-docs", "0.1"], "from one or the other"),
                         (["--best-by", "stsb"], "--best-by stsb needs --eval-data"),
                         (["--best-by", "spans"], "--best-by spans needs --eval-docs or --holdout-docs"),
@@ -268,7 +398,8 @@ def test_two_ranks_share_the_spans_and_score_as_one_process(tmp_path, docs, reap
     out = p.communicate(timeout=150)[0]
     assert p.returncode == 0, out[-3000:]
     one, two = (json.loads((tmp_path / d / "metrics.jsonl").read_text().splitlines()[0]) for d in ("one", "two"))
-    assert one.keys() == two.keys() and one["spans_n"] == 16  # all the 2 held-out documents hold
+    # each of the 2 held-out documents, shorter than a window of the paper's spans (2 x 510 + 8), holds one pair
+    assert one.keys() == two.keys() and one["spans_n"] == 2
     for k in one:
         assert two[k] == pytest.approx(one[k], abs=1e-5), k
 
