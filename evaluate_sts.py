@@ -1,67 +1,76 @@
 """
-evaluate_sts.py: semantic textual similarity, the evaluation of the paper's Appendix C (via SentEval).
+evaluate_sts.py: semantic textual similarity, the paper's Appendix C (via SentEval), and held-out
+span retrieval on a user's own documents, this project's check.
 
-Each task gives sentence pairs with gold similarity scores; a model's score is the Spearman correlation x 100
-between the gold scores and the cosine of the two sentences' mean-pooled embeddings (Pearson beside it).
-Tasks are found under --data by their original file layouts: the STS Benchmark (sts-dev.csv, sts-test.csv),
-SICK-R (SICK_trial.txt, SICK_test_annotated.txt, or SICK.txt) and SemEval STS12-16 (folders STS12 ... or
-SentEval's STS12-en-test ..., with STS.input.NAME.txt beside STS.gs.NAME.txt). STS12-16 are reported two
-ways: "all", every subset's pairs pooled (as SimCSE reports), and "mean", the mean over subsets (as SentEval
-and the DeCLUTR paper report).
+Each STS task gives sentence pairs with gold similarity scores; a model's score is the Spearman
+correlation x 100 between the gold scores and the cosine of the two sentences' mean-pooled
+embeddings (Pearson beside it). Tasks are found under --data by their original file layouts: the
+STS Benchmark (sts-dev.csv, sts-test.csv), SICK-R (SICK_trial.txt, SICK_test_annotated.txt, or
+SICK.txt) and SemEval STS12-16 (folders STS12 ... or SentEval's STS12-en-test ..., with
+STS.input.NAME.txt beside STS.gs.NAME.txt). STS12-16 are reported two ways: "all", every subset's
+pairs pooled (as SimCSE reports), and "mean", the mean over subsets (as SentEval and the DeCLUTR
+paper report).
 
     python evaluate_sts.py --model sentence-transformers/all-MiniLM-L6-v2 --data sts/ --split dev
-    python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/downstream/STS --json out.json
-    python evaluate_sts.py --model runs/a/model --split test      # no --data: downloads the STS Benchmark once
-    python evaluate_sts.py --model runs/a/model --split dev --output-dtype int8 binary    # what quantising costs
-    python evaluate_sts.py --model runs/a/model --model roberta-base --docs my-held-out-docs/   # SPANS, beside BM25
+    python evaluate_sts.py --model runs/a/model --model runs/b/model --data SentEval/data/STS
+    python evaluate_sts.py --model runs/a/model --split test   # no --data: downloads STS-B once
+    python evaluate_sts.py --model runs/a/model --split dev --output-dtype int8 binary
+    python evaluate_sts.py --model runs/a/model --model roberta-base --docs my-held-out-docs/
 
-On the user's own documents (--docs; train.py --holdout-docs or --eval-docs during a run), held-out span retrieval
-(SPANS): query spans drawn as anchors are, each paired with a target drawn as a positive near it but sharing no text
-(sampler.heldout_pairs), every target a candidate for every query, scored beside word overlap (BM25 and TF-IDF).
+On the user's own documents (--docs; train.py --holdout-docs or --eval-docs during a run), held-out
+span retrieval (SPANS): query spans drawn as anchors are, each paired with a target drawn as a
+positive near it but sharing no text (heldout_pairs, below), every target a candidate for every
+query, scored beside word overlap (BM25 and TF-IDF).
 """
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from embed import encode, max_tokens
+from embed import encode, window
 from model import load_config_and_tokenizer, load_pretrained
-from sampler import SamplerConfig, heldout_pairs
-from support import cpu_layers, hub
+from sampler import SamplerConfig, span_length
+from support import cpu_layers, hub, retrieval
 from support.cli import Progress, UserError, cli, flag, parse_config, say
 from support.corpus import prepare_corpus, texts_of
-from support.device import OnDevice, device_and_dtype
+from support.device import OnDevice, device_and_dtype, runs_as
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
-from support.retrieval import NAMES, alignment_uniformity, few_words, retrieval, target_ranks, word_overlap
 from support.sts_files import FEW, no_nan, table, tasks_to_score
 from support.threads import cpu_threads
 
 
 @dataclass
-class EvalConfig(OnDevice):  # --dtype, --device and --threads as embed.py's (support.device.OnDevice), then these
+class EvalConfig(OnDevice):  # --dtype, --device, --threads as embed.py's (support.device), then
     model: list = flag(list, "one or more models (hub ids or local directories), side by side")
-    data: str = flag("", "folder holding the task files (searched recursively); empty: download the STS Benchmark")
-    tasks: list = flag(list, "subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all found)")
+    data: str = flag("", "folder holding the task files (searched recursively); empty: download "
+                         "the STS Benchmark")
+    tasks: list = flag(list, "subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all "
+                             "found)")
     split: str = flag("test", "STS12-16 have only test data", choices=("test", "dev"))
     json: str = flag("", "also write the scores here")
     batch_tokens: int = flag(0, "embed.py's token budget per batch (0: its default)", low=0)
-    output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: int8 (ranges from "
-                                    "the task's sentences; cosine), binary (Hamming similarity)")
-    docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents (.txt/.jsonl/.parquet, "
-                            "folders), beside word overlap (BM25, TF-IDF)")
-    span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first model's tokens",
-                           low=1, high=20000)
-    text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet file, with the text")
-    cache_dir: str = flag("", "SPANS: --docs' tokens cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr")
+    output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: "
+                                    "int8 (ranges from the task's sentences; cosine), binary "
+                                    "(Hamming similarity)")
+    docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents "
+                            "(.txt/.jsonl/.parquet, folders), beside word overlap (BM25, TF-IDF)")
+    span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first "
+                                 "model's tokens", low=1, high=20000)
+    text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet "
+                                   "file, with the text")
+    cache_dir: str = flag("", "SPANS: --docs' tokens cache; default: $XDG_CACHE_HOME/declutr or "
+                              "~/.cache/declutr")
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
             raise UserError(f"--tasks {unknown[0]}: not a task (one of {', '.join(TASKS)})", code=2)
         if unknown := [p for p in self.output_dtype if p not in ("float32", *PRECISIONS)]:
-            raise UserError(f"--output-dtype {unknown[0]}: not one of float32, {', '.join(PRECISIONS)}", code=2)
+            raise UserError(f"--output-dtype {unknown[0]}: not one of float32, "
+                            f"{', '.join(PRECISIONS)}", code=2)
 
 
 TASKS = ("STSB", "SICKR", "STS12", "STS13", "STS14", "STS15", "STS16")
@@ -84,7 +93,8 @@ def rankdata(x: np.ndarray) -> np.ndarray:
 
 
 def pearson(x, y) -> float:
-    """nan where it is undefined (fewer than two pairs, or a constant side), as a correlation should be."""
+    """nan where it is undefined (fewer than two pairs, or a constant side), as a correlation should
+    be."""
     x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
     den = np.sqrt((x * x).sum() * (y * y).sum())
     return float((x * y).sum() / den) if len(x) > 1 and den > 0 else float("nan")
@@ -94,28 +104,32 @@ def spearman(x, y) -> float:
     return pearson(rankdata(np.asarray(x, float)), rankdata(np.asarray(y, float)))
 
 
-def cosines(model, tok, a, b, batch_tokens=0, progress=None, dtype=None, precision="float32", cache=None) -> np.ndarray:
-    """Each pair's cosine; for int8 and binary, of the rows embed.py --output-dtype would write (support/quantize.py;
-    int8's ranges from these sentences), Hamming similarity for binary. cache: the embeddings, kept for another
-    precision's turn."""
-    uniq = list(dict.fromkeys(a + b))  # each sentence embedded once
-    done = [0]
-
-    def report(texts: int, windows: int):
-        done[0] += texts
-        progress(f"{done[0]:,}/{len(uniq):,} sentences")
-
-    emb = (cache or {}).get(key := (id(model), tuple(uniq)))
+def cosines(model, tok, a, b, *, batch_tokens=0, progress=None, dtype=None, precision="float32",
+            cache=None) -> np.ndarray:
+    """Each pair's cosine; for int8 and binary, of the rows embed.py --output-dtype would write
+    (support/quantize.py; int8's ranges from these sentences), Hamming similarity for binary. cache:
+    the embeddings, kept for another precision's turn."""
+    sentences = list(dict.fromkeys(a + b))  # each sentence embedded once
+    key = (id(model), tuple(sentences))
+    emb = cache.get(key) if cache is not None else None
     if emb is None:
-        emb = encode(uniq, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype,
+        done = 0
+
+        def report(texts: int, windows: int):  # embed.py's progress, after each batch
+            nonlocal done
+            done += texts
+            progress(f"{done:,}/{len(sentences):,} sentences")
+
+        emb = encode(sentences, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype,
                      progress=report if progress else None)
         if cache is not None:
             cache[key] = emb
-    where = {s: i for i, s in enumerate(uniq)}
+    where = {s: i for i, s in enumerate(sentences)}
     ia, ib = [where[s] for s in a], [where[s] for s in b]
     if precision == "float32":
         return (emb[ia] * emb[ib]).sum(1)
-    rows = quantize(emb, precision, ranges_of(emb) if precision == "int8" else None)
+    ranges = ranges_of(emb) if precision == "int8" else None
+    rows = quantize(emb, precision, ranges)
     return similarities(rows[ia], rows[ib], precision)
 
 
@@ -125,29 +139,39 @@ def _mean(values) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def score(model, tok, tasks, batch_tokens=0, progress=None, dtype=None, precision="float32", cache=None) -> dict:
-    """{task: scores} for tasks of {subset: (a, b, gold)}; a task or subset of fewer than FEW pairs carries few_pairs:
-    true. STS-B and SICK-R are one set of pairs each; STS12-16 are reported two ways, every subset's pairs pooled
-    ("all", as SimCSE) and the mean over subsets (as SentEval and the paper)."""
+def score(model, tok, tasks, *, batch_tokens=0, progress=None, dtype=None, precision="float32",
+          cache=None) -> dict:
+    """{task: scores} for tasks of {subset: (a, b, gold)}; a task or subset of fewer than FEW pairs
+    carries few_pairs: true. STS-B and SICK-R are one set of pairs each; STS12-16 are reported two
+    ways, every subset's pairs pooled ("all", as SimCSE) and the mean over subsets (as SentEval and
+    the paper)."""
     out = {}
     for task, subsets in tasks.items():
         cos, per = {}, {}
         for name, (a, b, gold) in subsets.items():
             if progress:
-                progress.note(f"{task}{'' if task in ONE_SET else ' ' + name}, {len(gold):,} pairs")
-            cos[name] = cosines(model, tok, a, b, batch_tokens, progress, dtype, precision, cache)
+                subset = "" if task in ONE_SET else f" {name}"
+                progress.note(f"{task}{subset}, {len(gold):,} pairs")
+            cos[name] = cosines(model, tok, a, b, batch_tokens=batch_tokens, progress=progress,
+                                dtype=dtype, precision=precision, cache=cache)
             per[name] = correlations(cos[name], gold)
-        pooled = correlations(np.concatenate(list(cos.values())), np.concatenate([g for *_, g in subsets.values()]))
-        out[task] = pooled if task in ONE_SET else {
-            "all": pooled["spearman"], "mean": _mean(p["spearman"] for p in per.values()),
-            "pearson_all": pooled["pearson"], "pearson_mean": _mean(p["pearson"] for p in per.values()),
-            "subsets": per} | {k: v for k, v in pooled.items() if k in ("n", "few_pairs")}
+        every_cos = np.concatenate(list(cos.values()))
+        every_gold = np.concatenate([gold for *_, gold in subsets.values()])
+        pooled = correlations(every_cos, every_gold)
+        if task in ONE_SET:
+            out[task] = pooled
+            continue
+        out[task] = {"all": pooled["spearman"], "mean": _mean(p["spearman"] for p in per.values()),
+                     "pearson_all": pooled["pearson"],
+                     "pearson_mean": _mean(p["pearson"] for p in per.values()), "subsets": per}
+        out[task] |= {k: v for k, v in pooled.items() if k in ("n", "few_pairs")}
     return out
 
 
 def correlations(cos: np.ndarray, gold: np.ndarray) -> dict:
+    few = {"few_pairs": True} if len(gold) < FEW else {}
     return dict(spearman=100 * spearman(cos, gold), pearson=100 * pearson(cos, gold), n=len(gold),
-                **({"few_pairs": True} if len(gold) < FEW else {}))
+                **few)
 
 
 def spearman_of(model, tok, pairs, dtype=None) -> float:
@@ -156,63 +180,152 @@ def spearman_of(model, tok, pairs, dtype=None) -> float:
 
 
 # -----------------------------------------------------------------------------------------------
-# Held-out span retrieval: on the user's own documents, does each query span find the span that lay near it
-# (sampler.heldout_pairs) among every target? Word overlap's answers (BM25, TF-IDF) beside it: the figures to beat.
+# Held-out span retrieval: this project's check on a user's own documents, not the paper's. Does
+# each query span find the span that lay near it, among every target? Word overlap's answers (BM25,
+# TF-IDF) beside it are the figures to beat (support/retrieval.py). A query is drawn as an anchor
+# is, its target as a positive is (§3.2), near it in the same document; but never sharing a token
+# with it, or retrieval would be a string match.
 
-SPAN_GAP = 8  # tokens at least between a query and its target: the target's text is nowhere in its query
+SPAN_GAP = 8  # tokens at least between a query and its target: no text of one is in the other
+# The pairs' own random stream, apart from --seed, so that runs of every seed score the same pairs
+# (70: the issue that brought held-out retrieval; any fixed number would do)
+PAIRS_SEED = 70
+
+
+class Span(NamedTuple):
+    start: int  # its first token in its document
+    end: int  # one past its last
+
+
+class Pair(NamedTuple):
+    doc: int  # the document it lies in, by its place among those the pairs were drawn from
+    query: Span
+    target: Span
 
 
 def span_lengths(window: int) -> tuple[int, int]:
-    """The spans' shortest and longest, in tokens: the paper's 32 and 512, no longer than a model embeds a text whole
-    (its window less <s> and </s>: all-MiniLM-L6-v2's 254), whatever a run trains on, so that runs compare."""
+    """The spans' shortest and longest, in tokens: the paper's 32 and 512, no longer than a model
+    embeds a text whole (its window less <s> and </s>: all-MiniLM-L6-v2's 254), whatever a run
+    trains on, so that runs compare."""
     longest = min(SamplerConfig.max_span, window - 2)
     return min(SamplerConfig.min_span, longest), longest
 
 
-def span_texts(corpus, docs, tok, count: int, min_span: int, max_span: int, where: str = "held-out span retrieval",
-               clean: bool = True, field: str = "text") -> tuple[list[str], list[str]]:
-    """Queries and their targets as text, drawn once (a fixed seed) from the corpus's documents `docs` in `tok`'s
-    tokens, each span's text cut from its document (the tokenizer's character offsets), not decoded from its tokens:
-    every model and both word baselines read the same text, as the document has it. One line, that starts with
-    `where`, if the documents hold no pair."""
-    pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)  # (n, 5)
-    if len(pairs) == 0:
+def heldout_pair(rng, n_tokens: int, min_span: int, max_span: int, gap: int) -> tuple[Span, Span]:
+    """(query, target) in a stretch of n_tokens: the query's length as an anchor's (Beta(4, 2)), the
+    target's as a positive's (Beta(2, 4)), at least `gap` tokens apart, on either side."""
+    max_span = min(max_span, (n_tokens - gap) // 2)  # a short stretch: shorter spans
+    if max_span < min_span:
+        raise ValueError(f"{n_tokens} tokens: two spans of at least {min_span} tokens, {gap} "
+                         f"apart, need {2 * min_span + gap}")
+    query_len = span_length(rng, 4, 2, min_span, max_span)
+    target_len = span_length(rng, 2, 4, min_span, max_span)
+    # The query's start: uniform over those that leave room for the gap and the target after it,
+    # or before it
+    starts = np.arange(n_tokens - query_len + 1)
+    room_after = starts + query_len + gap + target_len <= n_tokens
+    room_before = starts >= target_len + gap
+    starts = starts[room_after | room_before]
+    query_start = int(starts[rng.integers(len(starts))])
+    query_end = query_start + query_len
+    # The target's start: uniform over the starts on either side, the gap kept
+    before = np.arange(0, query_start - gap - target_len + 1)
+    after = np.arange(query_end + gap, n_tokens - target_len + 1)
+    starts = np.concatenate([before, after])
+    target_start = int(starts[rng.integers(len(starts))])
+    return Span(query_start, query_end), Span(target_start, target_start + target_len)
+
+
+def heldout_pairs(lengths, count: int, min_span: int, max_span: int, gap: int,
+                  seed: int = 0) -> list[Pair]:
+    """Up to `count` pairs from documents of these lengths, no two sharing a token: every document
+    cut into windows of 2·l_max + gap tokens, `count` of the windows drawn, and one pair drawn
+    inside each."""
+    window = 2 * max_span + gap
+    windows = []  # (document, its first token, its tokens)
+    for doc, n in enumerate(lengths.tolist()):
+        if n >= window:
+            windows += [(doc, k * window, window) for k in range(n // window)]
+        elif n >= 2 * min_span + gap:  # a shorter document that holds a pair: one window, all of it
+            windows.append((doc, 0, n))
+    rng = np.random.default_rng([seed, PAIRS_SEED])
+    chosen = np.sort(rng.choice(len(windows), size=min(count, len(windows)), replace=False))
+    pairs = []
+    for k in chosen:
+        doc, first, n = windows[k]
+        query, target = heldout_pair(rng, n, min_span, max_span, gap)
+        query = Span(first + query.start, first + query.end)
+        target = Span(first + target.start, first + target.end)
+        pairs.append(Pair(doc, query, target))
+    return pairs
+
+
+def span_texts(corpus, docs, tok, count: int, lengths: tuple[int, int], *,
+               where: str = "held-out span retrieval", clean: bool = True,
+               field: str = "text") -> tuple[list[str], list[str]]:
+    """Queries and their targets as text, drawn once (PAIRS_SEED) from the corpus's documents `docs`
+    in `tok`'s tokens, `lengths` (shortest, longest) long; each span's text cut from its document
+    (the tokenizer's character offsets), not decoded from its tokens: every model and both word
+    baselines read the same text, as the document has it. One line, that starts with `where`, if no
+    document holds a pair."""
+    min_span, max_span = lengths
+    docs = np.asarray(docs)
+    pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)
+    if not pairs:
         raise UserError(f"{where}: none of its {len(docs):,} documents holds two spans of "
                         f"{min_span} tokens {SPAN_GAP} apart ({2 * min_span + SPAN_GAP} tokens)")
-    doc = np.asarray(docs)[pairs[:, 0]]
-    offsets, texts = {}, texts_of(corpus, np.unique(doc), clean, field)
-    for d, text in texts.items():
-        found = tok.encode(text, add_special_tokens=False)
-        if not np.array_equal(found.ids, corpus.tokens[corpus.offsets[d]:corpus.offsets[d + 1]]):
-            raise UserError(f"{where}: its document {d + 1:,} is not the text it was tokenised from; was a file "
-                            f"changed during the run? ({corpus.dir})")
-        offsets[d] = found.offsets  # each token's (first character, one past its last)
+    texts = texts_of(corpus, sorted({int(docs[p.doc]) for p in pairs}), clean, field)
+    offsets = {d: character_offsets(corpus, d, text, tok, where) for d, text in texts.items()}
 
-    def cut(d, i, j):  # tokens i to j - 1 of document d, as its text has them
-        return texts[d][offsets[d][i][0]:offsets[d][j - 1][1]]
+    def cut(doc: int, span: Span) -> str:  # the span's tokens, as its document's text has them
+        d = int(docs[doc])
+        return texts[d][offsets[d][span.start][0]:offsets[d][span.end - 1][1]]
 
-    queries = [cut(d, q0, q1) for d, (_, q0, q1, _, _) in zip(doc, pairs, strict=True)]
-    targets = [cut(d, t0, t1) for d, (_, _, _, t0, t1) in zip(doc, pairs, strict=True)]
-    q_len, t_len = pairs[:, 2] - pairs[:, 1], pairs[:, 4] - pairs[:, 3]
-    say(f"{where}: {len(pairs):,} pairs from {len(texts):,} documents; queries {q_len.min()}-{q_len.max()} tokens "
-        f"(mean {q_len.mean():.0f}), targets {t_len.min()}-{t_len.max()} (mean {t_len.mean():.0f}), at least "
-        f"{SPAN_GAP} apart", file=sys.stderr)
+    queries = [cut(p.doc, p.query) for p in pairs]
+    targets = [cut(p.doc, p.target) for p in pairs]
+    q_len = np.array([p.query.end - p.query.start for p in pairs])
+    t_len = np.array([p.target.end - p.target.start for p in pairs])
+    say(f"{where}: {len(pairs):,} pairs from {len(texts):,} documents; queries "
+        f"{q_len.min()}-{q_len.max()} tokens (mean {q_len.mean():.0f}), targets "
+        f"{t_len.min()}-{t_len.max()} (mean {t_len.mean():.0f}), at least {SPAN_GAP} apart",
+        file=sys.stderr)
     return queries, targets
 
 
-def span_retrieval(model, tok, queries, targets, dtype=None, batch_tokens=0, share=(0, 1, None)) -> dict:
-    """The encoder's figures on the pairs: each query's target among every target, by the cosine of mean-pooled
-    embeddings in the precision embed.py writes them; then their alignment and uniformity. share: (rank, world,
-    gather) under torchrun, each process embedding its part (gather: its rows -> everyone's, in rank order)."""
+def character_offsets(corpus, d: int, text: str, tok, where: str) -> list[tuple[int, int]]:
+    """Each token's (first character, one past its last) in document d's text; one line if the text
+    no longer gives the tokens the corpus holds for it."""
+    found = tok.encode(text, add_special_tokens=False)
+    if not np.array_equal(found.ids, corpus.tokens[corpus.offsets[d]:corpus.offsets[d + 1]]):
+        raise UserError(f"{where}: its document {d + 1:,} is not the text it was tokenised from; "
+                        f"was a file changed during the run? ({corpus.dir})")
+    return found.offsets
+
+
+def run_spans(held, tok, window: int, count: int, clean: bool = True, field: str = "text"):
+    """train.py's pairs (--holdout-docs, --eval-docs: support.processes.EvalDocuments), the same at
+    every evaluation: of the paper's span lengths whatever the run's, so that runs compare and
+    evaluate_sts.py --docs on the same documents gives the same figures, no longer than the model's
+    `window` holds."""
+    return span_texts(held.corpus, held.docs, tok, count, span_lengths(window), where=held.flag,
+                      clean=clean, field=field)
+
+
+def span_retrieval(model, tok, queries, targets, *, dtype=None, batch_tokens=0,
+                   share=(0, 1, None)) -> dict:
+    """The encoder's figures on the pairs: each query's target among every target, by the cosine of
+    mean-pooled embeddings in the precision embed.py writes them; then their alignment and
+    uniformity. share: (rank, world, gather) under torchrun, each process embedding its part
+    (gather: its rows -> everyone's, in rank order)."""
     rank, world, gather = share
     texts = queries + targets
     part = -(-len(texts) // world)
-    emb = encode(texts[rank * part:(rank + 1) * part], model, tok, batch_tokens=batch_tokens, normalize=True,
-                 dtype=dtype)
+    mine = texts[rank * part:(rank + 1) * part]
+    emb = encode(mine, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype)
     emb = gather(emb) if world > 1 else emb  # (2n, H)
     q, t = emb[:len(queries)], emb[len(queries):]
-    ranks = target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
-    return retrieval(ranks) | alignment_uniformity(q, t)
+    ranks = retrieval.target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
+    return retrieval.retrieval(ranks) | retrieval.alignment_uniformity(q, t)
 
 
 @cli
@@ -228,69 +341,64 @@ def evaluate(cfg: EvalConfig):
         raise UserError("no --model given")
     if cfg.json and not Path(cfg.json).resolve().parent.is_dir():
         raise UserError(f"--json {cfg.json}: no folder {Path(cfg.json).parent} to write it into")
-    # no --data: the STS Benchmark, downloaded once; with --docs and no --data or --tasks: SPANS alone
-    tasks = {} if cfg.docs and not (cfg.data or cfg.tasks) else tasks_to_score(cfg.data, cfg.split, cfg.tasks)
+    # No --data: the STS Benchmark, downloaded once; --docs without --data or --tasks: SPANS alone
+    spans_alone = cfg.docs and not (cfg.data or cfg.tasks)
+    tasks = {} if spans_alone else tasks_to_score(cfg.data, cfg.split, cfg.tasks)
     spans = held_out_spans(cfg) if cfg.docs else None
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
-        progress = Progress("evaluate", f"{name} on {', '.join([*tasks, *['SPANS'] * bool(spans)])}")
-        model, tok, cache = *load_pretrained(name, quiet=True), {}
+        t0 = time.time()
+        model, tok = load_pretrained(name, quiet=True)
         model.to(device)
-        if cfg.onednn:  # on a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
+        # On a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
+        if cfg.onednn:
             model = cpu_layers.swap_in(model, dtype)
-        for precision in dict.fromkeys(["float32", *cfg.output_dtype]):  # each embedded once, then quantised
+        # What runs, said in the model's first line: the device, the precision (and why), the layers
+        runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model))
+        scored = ", ".join([*tasks, *(["SPANS"] if spans else [])])
+        progress = Progress("evaluate", f"{name} on {scored}, {runs}")
+        cache = {}  # each sentence embedded once, then quantised for each --output-dtype
+        for precision in dict.fromkeys(["float32", *cfg.output_dtype]):
             label = name if precision == "float32" else f"{name} {precision}"
-            results[label] = score(model, tok, tasks, cfg.batch_tokens, progress, dtype, precision, cache)
+            results[label] = score(model, tok, tasks, batch_tokens=cfg.batch_tokens,
+                                   progress=progress, dtype=dtype, precision=precision, cache=cache)
         if spans:
             progress.note(f"SPANS, {len(spans[0]):,} pairs")
-            results[name]["SPANS"] = span_retrieval(model, tok, *spans, dtype, cfg.batch_tokens)
-            results[name]["SPANS"]["cut"] = longer_than(tok, spans[0] + spans[1], max_tokens(model) - 2)
-        progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - progress.t0:.0f}s")
+            found = span_retrieval(model, tok, *spans, dtype=dtype, batch_tokens=cfg.batch_tokens)
+            found["cut"] = retrieval.longer_than(tok, spans[0] + spans[1], window(model) - 2)
+            results[name]["SPANS"] = found
+        progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - t0:.0f}s")
     if spans:
-        words = word_overlap(*spans)
-        results |= {f"{NAMES[k]} (words)": {"SPANS": words[k]} for k in ("bm25", "tfidf")}
-    print(table(results) + ("\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""))
+        words = retrieval.word_overlap(*spans)
+        results |= {f"{retrieval.NAMES[k]} (words)": {"SPANS": words[k]} for k in ("bm25", "tfidf")}
+    binary = "\n(binary: of Hamming similarity)" if "binary" in cfg.output_dtype else ""
+    print(table(results) + binary)
     if spans:
-        print(spans_said(results, cfg.model, words))
+        print(retrieval.said(results, cfg.model, words))
     if cfg.json:
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 
 
 def held_out_spans(cfg: EvalConfig) -> tuple[list[str], list[str]]:
-    """--docs' query and target texts, drawn in the first model's tokens with the paper's span lengths, up to the
-    longest span every model reads whole (its window less <s> and </s>: all-MiniLM-L6-v2 reads 254), the same text
-    for every model."""
+    """--docs' query and target texts, drawn in the first model's tokens with the paper's span
+    lengths, up to the longest span every model reads whole (its window less <s> and </s>:
+    all-MiniLM-L6-v2 reads 254), the same text for every model."""
     config, tok = load_config_and_tokenizer(cfg.model[0])
-    shortest, longest = span_lengths(min(window(name) for name in cfg.model))
+    shortest, longest = span_lengths(min(model_window(name) for name in cfg.model))
     corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
-    say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads whole)",
-        file=sys.stderr)
-    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, shortest, longest,
+    say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads "
+        f"whole)", file=sys.stderr)
+    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, (shortest, longest),
                       where=f"--docs {' '.join(cfg.docs)}", field=cfg.text_field)
 
 
-def window(name: str) -> int:
-    """The most tokens a model embeds a text in, <s> and </s> included (embed.max_tokens), without its weights."""
+def model_window(name: str) -> int:
+    """The most tokens a model embeds a text in, <s> and </s> included (embed.window), without its
+    weights."""
     config, _ = load_config_and_tokenizer(name)
-    limit = hub.read_sentence_transformers(hub.resolve(name, weights=False)).get("max_seq_length", config.max_tokens)
-    return min(config.max_tokens, limit)
-
-
-def longer_than(tok, texts: list[str], most: int) -> int:
-    """How many of the texts are more than `most` tokens long in `tok`'s tokens (a model reads only their start)."""
-    return sum(len(e.ids) > most for e in tok.encode_batch(texts, add_special_tokens=False))
-
-
-def spans_said(results: dict, models: list[str], words: dict) -> str:
-    """What the SPANS rows say: which word baseline is the bar, how many spans a model read cut, and whether the
-    word baselines could split the text into words at all."""
-    bar = words[words["bar"]]
-    lines = [f"SPANS: the bar to beat is {NAMES[words['bar']]}, MRR {bar['mrr']:.2f} (the word baselines see "
-             f"{words['words']:.0f} words a span)"]
-    lines += [f"SPANS: {m} read only the start of {results[m]['SPANS']['cut']:,} of the spans (longer than it reads)"
-              for m in models if results[m]["SPANS"]["cut"]]
-    return "\n".join(lines + [few_words(words["words"])] * bool(few_words(words["words"])))
+    settings = hub.read_sentence_transformers(hub.resolve(name, weights=False))
+    return min(config.max_tokens, settings.get("max_seq_length", config.max_tokens))
 
 
 if __name__ == "__main__":

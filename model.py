@@ -1,21 +1,22 @@
 """
-model.py: the encoder that DeCLUTR trains, a RoBERTa or BERT transformer (and ModernBERT), in plain PyTorch.
+model.py: the encoder that DeCLUTR trains, a RoBERTa or BERT transformer (and ModernBERT), in plain
+PyTorch.
 
-DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token states; §3.1 mean-pools them over the
-attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked language modelling head, so
-the MLM logits come from the same forward pass as the embeddings. Weights come and go as Hugging Face
-safetensors through an explicit name map, so transformers and sentence-transformers load ours unchanged
-(hub downloads and file formats: support/hub.py).
+DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token states; §3.1 mean-pools
+them over the attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked
+language modelling head, so the MLM logits come from the same forward pass as the embeddings.
+Weights come and go as Hugging Face safetensors through an explicit name map, so transformers and
+sentence-transformers load ours unchanged (hub downloads and file formats: support/hub.py).
 
-The forward below is what runs: in training, on a GPU, in fp32 and in bf16. One swap, made in one visible line of
-embed.py and of evaluate_sts.py, nowhere else: on a CPU, for inference, the layers' linear products become oneDNN's,
-their weights laid out once and BERT's GELU applied inside the up product (support/cpu_layers.py; `--no-onednn`
-keeps the layers below).
+The forward below is what runs: in training, on a GPU, in fp32 and in bf16. One swap, made in one
+visible line of embed.py and of evaluate_sts.py, nowhere else: on a CPU, for inference, the layers'
+linear products become oneDNN's, their weights laid out once and BERT's GELU applied inside the up
+product (support/cpu_layers.py; `--no-onednn` keeps the layers below).
 
-    python model.py info distilroberta-base                  # download into $HF_HOME/hub once, load, print its shape
-    python model.py info path/to/checkpoint                  # the same for a local Hugging Face folder
-    python model.py convert johngiorgi/declutr-small --out declutr-small   # pytorch_model.bin -> model.safetensors
-    python model.py scratch --shape tiny --corpus docs/ --out tiny-model    # random init + BPE trained on docs/
+    python model.py info distilroberta-base   # download to $HF_HOME/hub once, load, print its shape
+    python model.py info path/to/checkpoint   # the same for a local Hugging Face folder
+    python model.py convert johngiorgi/declutr-small --out declutr-small   # .bin -> .safetensors
+    python model.py scratch --shape tiny --corpus docs/ --out tiny-model   # random init + BPE
 """
 import functools
 import sys
@@ -34,7 +35,8 @@ from support.files import check_out_folder
 
 @dataclass
 class ModelConfig:  # the fields of a Hugging Face config.json that this encoder reads
-    model_type: str = "roberta"  # roberta, xlm-roberta, camembert (RoBERTa's), bert (and MiniLM) or modernbert
+    # roberta, xlm-roberta, camembert (RoBERTa's), bert (and MiniLM) or modernbert
+    model_type: str = "roberta"
     vocab_size: int = 50265
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -50,8 +52,9 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
     pad_token_id: int = 1
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2
-    # ModernBERT's alone (None elsewhere): rotary positions with a global and a local theta, attention within
-    # local_attention // 2 tokens either side on all layers but every global_attn_every_n_layers-th
+    # ModernBERT's alone (None elsewhere): rotary positions with a global and a local theta,
+    # attention within local_attention // 2 tokens either side on all layers but every
+    # global_attn_every_n_layers-th
     embedding_dropout: float | None = None
     local_attention: int | None = None
     global_attn_every_n_layers: int | None = None
@@ -70,7 +73,8 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 
     @property
     def prefix(self) -> str:
-        """The prefix of its tensor names in a Hugging Face checkpoint: `roberta.` for the whole RoBERTa family."""
+        """The prefix of its tensor names in a Hugging Face checkpoint: `roberta.` for the whole
+        RoBERTa family."""
         return configs.MODEL_TYPES[self.model_type][0]
 
     @property
@@ -85,7 +89,8 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 
 
 GELU_TANH = functools.partial(F.gelu, approximate="tanh")
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH, "gelu_pytorch_tanh": GELU_TANH}
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH,
+               "gelu_pytorch_tanh": GELU_TANH}
 
 # -----------------------------------------------------------------------------------------------
 # The network
@@ -103,8 +108,8 @@ class Embeddings(nn.Module):
 
     def forward(self, ids):
         if self.c.roberta:
-            # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq does),
-            # so a span's positions do not depend on how much padding its batch needed.
+            # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq
+            # does), so a span's positions do not depend on how much padding its batch needed.
             real = ids.ne(self.c.pad_token_id).int()
             pos = torch.cumsum(real, dim=1) * real + self.c.pad_token_id
         else:
@@ -114,22 +119,27 @@ class Embeddings(nn.Module):
 
 
 class Packing:
-    """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers run on. Spans of
-    32-512 tokens batched together are often half padding (§3.1's lengths): every token-wise matmul runs on the real
-    tokens only, and padding exists only inside attention, masked there. positions None: the batch left as it is,
-    attending without a mask unless one is given (embed.py's batches of texts of near-equal lengths, whose few
-    padding places cost less to run than to take out)."""
+    """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers
+    run on. Spans of 32-512 tokens batched together are often half padding (§3.1's lengths): every
+    token-wise matmul runs on the real tokens only, and padding exists only inside attention, masked
+    there. positions None: the batch left as it is, attending without a mask unless one is given
+    (embed.py's batches of texts of near-equal lengths, whose few padding places cost less to run
+    than to take out)."""
 
     def __init__(self, B: int, T: int, positions=None, attention_mask=None):
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
-        self.key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        self.bands, self.cos_sin = {}, {}  # ModernBERT's, made once a forward: window -> attend()'s; turns()'s
+        self.key_mask = None  # (B, 1, 1, T): True at the real keys
+        if attention_mask is not None:
+            self.key_mask = attention_mask.bool()[:, None, None, :]
+        # ModernBERT's, made once a forward: window -> attend()'s mask; (theta, hd) -> turns()'s
+        self.bands, self.cos_sin = {}, {}
 
     @classmethod
     def of(cls, B: int, T: int, attention_mask=None):
-        """The real tokens, found from the mask. On a GPU, nonzero() makes the host wait for all the GPU was given:
-        callers that know the lengths (train.py's chunks, embed.py's batches) work the places out on the host."""
+        """The real tokens, found from the mask. On a GPU, nonzero() makes the host wait for all the
+        GPU was given: callers that know the lengths (train.py's chunks, embed.py's batches) work
+        the places out on the host."""
         if attention_mask is None or bool(attention_mask.all()):
             return cls(B, T)
         return cls(B, T, attention_mask.flatten().nonzero().squeeze(1), attention_mask)
@@ -146,8 +156,8 @@ class Packing:
         return x.view(self.B, self.T, *x.shape[1:])
 
     def attend(self, window: int | None, device):
-        """What a query of ModernBERT may attend to: the real keys, on its local layers only those within `window`
-        positions of it; (B | 1, 1, T | 1, T), or None for everything."""
+        """What a query of ModernBERT may attend to: the real keys, on its local layers only those
+        within `window` positions of it; (B | 1, 1, T | 1, T), or None for everything."""
         if window is None or self.T <= window + 1:  # every key within the window anyway
             return self.key_mask
         if window not in self.bands:  # made once a forward, for every local layer
@@ -157,34 +167,43 @@ class Packing:
         return self.bands[window]
 
     def turns(self, theta: float, hd: int, device):
-        """rotary()'s cos and sin at every position, (T, hd): made once a forward for the layers of one theta."""
+        """rotary()'s cos and sin at every position, (T, hd): made once a forward for the layers of
+        one theta."""
         if (theta, hd) not in self.cos_sin:
-            angle = torch.arange(self.T, device=device)[:, None] / theta ** (torch.arange(0, hd, 2, device=device) / hd)
+            pairs = torch.arange(0, hd, 2, device=device)  # the first of each pair of dimensions
+            positions = torch.arange(self.T, device=device)[:, None]  # (T, 1)
+            angle = positions / theta ** (pairs / hd)  # (T, hd/2)
             self.cos_sin[theta, hd] = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()
         return self.cos_sin[theta, hd]
 
 
-# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls around a softmax
-# than in torch's flash kernel, whose fixed cost per (row, head) is several times their arithmetic, once the keys are
-# padded to a multiple of 8 for the softmax to run on whole vectors (13 keys as 16: 3x faster). all-MiniLM-L6-v2 on
-# STS-B's sentences in bf16: the whole forward 10% faster; from about 128 tokens the kernel wins. Training keeps the
-# fused kernel and its dropout; a GPU keeps its kernels.
+# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls
+# around a softmax than in torch's flash kernel, whose fixed cost per (row, head) is several times
+# their arithmetic, once the keys are padded to a multiple of 8 for the softmax to run on whole
+# vectors (13 keys as 16: 3x faster). all-MiniLM-L6-v2 on STS-B's sentences in bf16: the whole
+# forward 10% faster; from about 128 tokens the kernel wins. Attention dropout (BERT's and RoBERTa's
+# training) keeps the fused kernel, which applies it; ModernBERT has none, so on a CPU its training
+# takes the written-out branch for chunks of up to 64 tokens too. A GPU keeps its kernels.
 SHORT_ROWS = 64
 
 
 def attention(q, k, v, mask, dropout_p: float):
-    """softmax(q k^T / sqrt(hd), where mask) v for q, k, v (B, nh, T, hd) and a bool mask broadcast to (B, nh, T, T)
-    (None: every key)."""
+    """softmax(q k^T / sqrt(hd), where mask) v for q, k, v (B, nh, T, hd) and a bool mask broadcast
+    to (B, nh, T, T) (None: every key)."""
     if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, nh, T, hd)
-    # manual implementation: the keys padded to a multiple of 8, masked there
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    # Written out: the keys padded to a multiple of 8, masked there
     extra = -k.shape[-2] % 8
     keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
-    k, v, keys = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra)), F.pad(keys, (0, extra), value=False)
-    # Scores and softmax in fp32, as in the flash kernel; masked by adding the lowest finite score, not -inf, so that a
-    # query that sees no key (a row of padding) stays finite; the scaling and the mask in one pass
-    lowest = torch.zeros(keys.shape, device=q.device).masked_fill_(~keys, torch.finfo(torch.float32).min)
-    scores = torch.add(lowest, q @ k.transpose(-1, -2), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T'), fp32
+    k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (B, nh, T', hd)
+    keys = F.pad(keys, (0, extra), value=False)
+    # The product q k^T in the inputs' precision (bf16 under autocast), then the scaling, the mask
+    # and the softmax in fp32, as the flash kernel keeps its scores. Masked by adding the lowest
+    # finite score, not -inf, so that a query that sees no key (a row of padding) stays finite; the
+    # scaling and the mask in one pass
+    lowest = torch.zeros(keys.shape, device=q.device)
+    lowest.masked_fill_(~keys, torch.finfo(torch.float32).min)
+    scores = torch.add(lowest, q @ k.transpose(-1, -2), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T')
     return scores.softmax(-1).to(v.dtype) @ v  # (B, nh, T, hd)
 
 
@@ -198,10 +217,12 @@ class SelfAttention(nn.Module):
         self.drop = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, x, packing):
-        """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the (B, T) layout."""
+        """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the
+        (B, T) layout."""
         B, T, H = packing.B, packing.T, x.shape[-1]
         qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
-        q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
+        q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         y = attention(q, k, v, packing.key_mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
@@ -230,48 +251,62 @@ class Layer(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ bias), as both papers' models."""
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ bias), as both papers'
+    models."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)  # ModernBERT: no bias but the decoder's
-        # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers' RobertaLMHead);
-        # BERT's applies hidden_act
+        # ModernBERT's head has no bias but the decoder's
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
+        # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers'
+        # RobertaLMHead); BERT's applies hidden_act
         self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)
         self.bias = nn.Parameter(torch.zeros(c.vocab_size))
 
     def forward(self, h, word_weight):
-        return F.linear(self.ln(self.act(self.dense(h))), word_weight, self.bias)  # the decoder is the embedding
+        # The decoder is the word embedding itself
+        return F.linear(self.ln(self.act(self.dense(h))), word_weight, self.bias)
 
 
 class Encoder(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
-        # ModernBERT's embeddings and layers are its own (below); the packing, the MLM head and the pooling are shared
-        self.embeddings = ModernEmbeddings(c) if c.modern else Embeddings(c)
-        self.layers = nn.ModuleList(ModernLayer(c, i) if c.modern else Layer(c) for i in range(c.num_hidden_layers))
-        self.final = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False) if c.modern else nn.Identity()
+        # ModernBERT's embeddings and layers are its own (below); the packing, the MLM head and the
+        # pooling are shared
+        if c.modern:
+            self.embeddings = ModernEmbeddings(c)
+            self.layers = nn.ModuleList(ModernLayer(c, i) for i in range(c.num_hidden_layers))
+            # its layers are pre-norm: the last one's output is normalised here
+            self.final = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
+        else:
+            self.embeddings = Embeddings(c)
+            self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+            self.final = nn.Identity()
         self.mlm = MLMHead(c)
-        self.source, self.sentence_transformers = None, {}  # load_pretrained's: the folder, its ST settings
+        # load_pretrained's: the folder it came from, its sentence-transformers settings
+        self.source, self.sentence_transformers = None, {}
 
     def forward(self, input_ids, attention_mask=None, packing: Packing | None = None):
-        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at packed padding). Token-wise
-        layers run on the real tokens only: `packing` says where they are, found from the mask where it is not given."""
+        """(B, T) token ids and 0/1 mask -> (B, T, H) last-layer token states (zeros at packed
+        padding). Token-wise layers run on the real tokens only: `packing` says where they are,
+        found from the mask where it is not given."""
         packing = packing or Packing.of(*input_ids.shape, attention_mask)
         x = packing.pack(self.embeddings(input_ids))  # (N, H)
         for layer in self.layers:
             x = layer(x, packing)
-        return packing.unpack(self.final(x))  # (B, T, H); `final` normalises ModernBERT's last, pre-norm layer
+        return packing.unpack(self.final(x))  # (B, T, H)
 
     def mlm_logits(self, hidden):
-        """(..., H) token states -> (..., V); pass only the masked positions to skip the rest (§3.3)."""
+        """(..., H) token states -> (..., V); pass only the masked positions to skip the rest
+        (§3.3)."""
         return self.mlm(hidden, self.embeddings.word.weight)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator, head_only: bool = False):
-        """BERT's initialisation: N(0, 0.02) weights, zero biases and pad row, unit LayerNorms; or the MLM head's."""
+        """BERT's initialisation: N(0, 0.02) weights, zero biases and pad row, unit LayerNorms; or
+        the MLM head's alone."""
         for m in (self.mlm if head_only else self).modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 m.weight.normal_(0.0, self.config.initializer_range, generator=generator)
@@ -291,11 +326,13 @@ def mean_pool(hidden, attention_mask):
 
 
 # -----------------------------------------------------------------------------------------------
-# ModernBERT (Warner et al., 2024): pre-norm layers without biases, rotary positions, local attention, GeGLU
+# ModernBERT (Warner et al., 2024): pre-norm layers without biases, rotary positions, local
+# attention, GeGLU
 
 
 class ModernEmbeddings(nn.Module):
-    """The word embeddings alone, normalised: ModernBERT's positions are rotations inside attention."""
+    """The word embeddings alone, normalised: ModernBERT's positions are rotations inside
+    attention."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -308,8 +345,9 @@ class ModernEmbeddings(nn.Module):
 
 
 def rotary(x, cos, sin):
-    """Rotary positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of the token at position
-    t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key product depends on their distance."""
+    """Rotary positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of
+    the token at position t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key
+    product depends on their distance."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
@@ -321,7 +359,8 @@ class ModernAttention(nn.Module):
         self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
         self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
         self.drop = nn.Dropout(c.attention_probs_dropout_prob)
-        # Every n-th layer attends to the whole text; the others within a window, their rotations of another theta
+        # Every n-th layer attends to the whole text; the others within a window, their rotations of
+        # another theta
         local = i % c.global_attn_every_n_layers != 0
         self.window = c.local_attention // 2 if local else None
         self.theta = c.local_rope_theta if local else c.global_rope_theta
@@ -330,15 +369,18 @@ class ModernAttention(nn.Module):
         """x: (N, H) normalised; returns what the layer adds to its residual stream, (N, H)."""
         B, T, H = packing.B, packing.T, x.shape[-1]
         qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
-        q, k, v = qkv.view(B, T, 3, self.n_head, H // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
+        q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         cos, sin = packing.turns(self.theta, H // self.n_head, x.device)  # (T, hd) each
         q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-        y = attention(q, k, v, packing.attend(self.window, x.device), self.p if self.training else 0.0)
+        mask = packing.attend(self.window, x.device)
+        y = attention(q, k, v, mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
         return self.drop(self.out(packing.pack(y.transpose(1, 2).reshape(B, T, H))))
 
 
 class GeGLU(nn.Module):
-    """ModernBERT's feed-forward: the up product makes two halves, the activation of the first gates the second."""
+    """ModernBERT's feed-forward: the up product makes two halves, the activation of the first gates
+    the second."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -355,8 +397,12 @@ class GeGLU(nn.Module):
 class ModernLayer(nn.Module):
     def __init__(self, c: ModelConfig, i: int):
         super().__init__()
-        # Pre-norm: each block normalises its own input, but layer 0's attention, whose input, the embeddings, is
-        self.attn_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False) if i > 0 else nn.Identity()
+        # Pre-norm: each block normalises its own input; all but layer 0's attention, whose input
+        # (the embeddings) ModernEmbeddings has normalised already
+        if i > 0:
+            self.attn_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
+        else:
+            self.attn_norm = nn.Identity()
         self.attn = ModernAttention(c, i)
         self.mlp_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
         self.mlp = GeGLU(c)
@@ -382,7 +428,8 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
         m[f"embeddings.ln.{wb}"] = [f"{p}.embeddings.LayerNorm.{wb}"]
         for i in range(c.num_hidden_layers):
             hf, me = f"{p}.encoder.layer.{i}.", f"layers.{i}."
-            m[me + f"attn.qkv.{wb}"] = [hf + f"attention.self.{n}.{wb}" for n in ("query", "key", "value")]
+            qkv = ("query", "key", "value")
+            m[me + f"attn.qkv.{wb}"] = [hf + f"attention.self.{n}.{wb}" for n in qkv]
             m[me + f"attn.out.{wb}"] = [hf + f"attention.output.dense.{wb}"]
             m[me + f"attn.ln.{wb}"] = [hf + f"attention.output.LayerNorm.{wb}"]
             m[me + f"ffn.up.{wb}"] = [hf + f"intermediate.dense.{wb}"]
@@ -396,14 +443,19 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
 
 
 def modernbert_key_map(c: ModelConfig) -> dict[str, list[str]]:
-    """ModernBERT's names (transformers' ModernBertForMaskedLM): weights only, q, k, v already one tensor."""
-    m = {"embeddings.word.weight": ["model.embeddings.tok_embeddings.weight"], "mlm.bias": ["decoder.bias"],
-         "embeddings.ln.weight": ["model.embeddings.norm.weight"], "final.weight": ["model.final_norm.weight"],
-         "mlm.dense.weight": ["head.dense.weight"], "mlm.ln.weight": ["head.norm.weight"]}
+    """ModernBERT's names (transformers' ModernBertForMaskedLM): weights only, q, k, v already one
+    tensor."""
+    m = {"embeddings.word.weight": ["model.embeddings.tok_embeddings.weight"],
+         "embeddings.ln.weight": ["model.embeddings.norm.weight"],
+         "final.weight": ["model.final_norm.weight"],
+         "mlm.dense.weight": ["head.dense.weight"], "mlm.ln.weight": ["head.norm.weight"],
+         "mlm.bias": ["decoder.bias"]}
     for i in range(c.num_hidden_layers):
         hf, me = f"model.layers.{i}.", f"layers.{i}."
-        m |= {me + "attn.qkv.weight": [hf + "attn.Wqkv.weight"], me + "attn.out.weight": [hf + "attn.Wo.weight"],
-              me + "mlp_norm.weight": [hf + "mlp_norm.weight"], me + "mlp.up.weight": [hf + "mlp.Wi.weight"],
+        m |= {me + "attn.qkv.weight": [hf + "attn.Wqkv.weight"],
+              me + "attn.out.weight": [hf + "attn.Wo.weight"],
+              me + "mlp_norm.weight": [hf + "mlp_norm.weight"],
+              me + "mlp.up.weight": [hf + "mlp.Wi.weight"],
               me + "mlp.down.weight": [hf + "mlp.Wo.weight"]}
         if i > 0:  # layer 0 has no attention norm
             m[me + "attn_norm.weight"] = [hf + "attn_norm.weight"]
@@ -411,9 +463,11 @@ def modernbert_key_map(c: ModelConfig) -> dict[str, list[str]]:
 
 
 def load_config_and_tokenizer(name: str):
-    """What the data side needs of a model (its tokenizer, its longest input) without loading weights."""
+    """What the data side needs of a model (its tokenizer, its longest input) without loading
+    weights."""
     path = hub.resolve(name, weights=False) / "config.json"
-    c = ModelConfig(**configs.read_hf_config(path, [f.name for f in fields(ModelConfig)], list(ACTIVATIONS)))
+    read = configs.read_hf_config(path, [f.name for f in fields(ModelConfig)], list(ACTIVATIONS))
+    c = ModelConfig(**read)
     return c, hub.load_tokenizer(path.parent)
 
 
@@ -422,37 +476,46 @@ def load_pretrained(name: str, quiet: bool = False):
     d = hub.resolve(name)
     config, tok = load_config_and_tokenizer(str(d))
     model, tensors = Encoder(config), hub.read_safetensors(d, config.prefix)
-    head_missing = hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d), optional="mlm.")
-    if head_missing:  # a bare encoder (all-MiniLM-L6-v2): §3.3's MLM needs a head, initialised as BERT's
+    head_missing = hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d),
+                                  optional="mlm.")
+    if head_missing:  # a bare encoder (all-MiniLM-L6-v2): §3.3's MLM needs a head, made as BERT's
         model.init_weights(torch.Generator().manual_seed(0), head_only=True)
         if not quiet:
             say(f"{d}: no MLM head in the checkpoint, initialised a fresh one", file=sys.stderr)
     if tok.get_vocab_size() > config.vocab_size:
-        raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model {config.vocab_size}")
+        raise UserError(f"{d}: tokenizer has {tok.get_vocab_size()} tokens, the model "
+                        f"{config.vocab_size}")
     model.source = d  # the folder it came from: for a hub id, the snapshot named by its commit
-    model.sentence_transformers = hub.read_sentence_transformers(d)  # its max_seq_length, Normalize: kept when saved
+    # Its max_seq_length and Normalize module, kept when saved
+    model.sentence_transformers = hub.read_sentence_transformers(d)
     return model.eval(), tok
 
 
 def save_pretrained(model: Encoder, tok, out: str | Path):
-    """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1), keeping what the model
-    came with of theirs (its max_seq_length, a Normalize module)."""
+    """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1), keeping
+    what the model came with of theirs (its max_seq_length, a Normalize module)."""
     c = model.config
     tensors = hub.hf_state_dict(model.state_dict(), hf_key_map(c))
-    hub.write_model_folder(Path(out), tensors, configs.hf_config(asdict(c)), tok, c.hidden_size, c.max_tokens,
-                           model.sentence_transformers)
+    hub.write_model_folder(Path(out), tensors, config=configs.hf_config(asdict(c)), tok=tok,
+                           hidden_size=c.hidden_size, max_tokens=c.max_tokens,
+                           kept=model.sentence_transformers)
 
 
-def scratch_encoder(shape: str, vocab_size: int, seed: int = 0, max_position_embeddings: int = 514) -> Encoder:
-    """A random-init RoBERTa of a named shape (support/demo.py's SHAPES) for a tokenizer of `vocab_size` tokens."""
+def scratch_encoder(shape: str, vocab_size: int, seed: int = 0,
+                    max_position_embeddings: int = 514) -> Encoder:
+    """A random-init RoBERTa of a named shape (support/demo.py's SHAPES) for a tokenizer of
+    `vocab_size` tokens."""
     sizes = {k: v for k, v in demo.scratch_shape(shape).items() if k != "vocab_size"}
-    model = Encoder(ModelConfig(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, **sizes))
+    model = Encoder(ModelConfig(vocab_size=vocab_size,
+                                max_position_embeddings=max_position_embeddings, **sizes))
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 
 
-def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet: bool = True):
-    """(random-init encoder, byte-level BPE trained on `texts`): the demo's tokenizer, then scratch_encoder for it."""
+def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514,
+                 quiet: bool = True):
+    """(random-init encoder, byte-level BPE trained on `texts`): the demo's tokenizer, then
+    scratch_encoder for it."""
     tok = demo.scratch_tokenizer(shape, texts, quiet)
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
@@ -467,16 +530,17 @@ def main(argv=None):
     if args.cmd == "info":
         model, _ = load_pretrained(args.model)
         c, n = model.config, sum(p.numel() for p in model.parameters())
-        print(f"{args.model}: {c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-              f"{c.num_attention_heads} heads, vocab {c.vocab_size}, up to {c.max_tokens} tokens, "
-              f"{n / 1e6:.1f}M parameters")
+        print(f"{args.model}: {c.model_type}, {c.num_hidden_layers} layers, hidden "
+              f"{c.hidden_size}, {c.num_attention_heads} heads, vocab {c.vocab_size}, up to "
+              f"{c.max_tokens} tokens, {n / 1e6:.1f}M parameters")
     elif args.cmd == "convert":
         out = hub.convert_bin(args.model, args.out)
         load_pretrained(str(out))  # proves the result loads
         print(f"wrote {out / 'model.safetensors'}")
     else:
         out = check_out_folder(Path(args.out), args.overwrite)
-        model, tok = from_scratch(args.shape, document_texts(args.corpus), args.seed, quiet=False)
+        texts = document_texts(args.corpus)
+        model, tok = from_scratch(args.shape, texts, args.seed, quiet=False)
         save_pretrained(model, tok, out)
         print(f"wrote {out}: {args.shape}, vocab {model.config.vocab_size}")
 

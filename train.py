@@ -1,20 +1,21 @@
 """
-train.py: DeCLUTR's training loop. Contrastive loss on sampled spans plus MLM, on a CPU, a GPU, or many.
+train.py: DeCLUTR's training loop: contrastive loss on sampled spans plus MLM, on CPUs and GPUs.
 
-Paper §3 and §4: continue pretraining an encoder on unlabelled documents with NT-Xent over anchors and
-positives (loss.py) sampled from the same documents (sampler.py), plus masked language modelling on the
-anchors in the same forward pass; AdamW (lr 5e-5, weight decay 0.1 except biases and LayerNorms, eps 1e-6),
-a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to norm 1.0, N=16 documents a step.
-Read from the top: the config, one step and what it is made of, the schedule and optimiser, the loop, then the
-set-up; processes, the run folder, checkpoints and how a run starts and stops are support/'s.
+Paper §3 and §4: continue pretraining an encoder on unlabelled documents with NT-Xent over anchors
+and positives (loss.py) sampled from the same documents (sampler.py), plus masked language modelling
+on the anchors in the same forward pass; AdamW (lr 5e-5, weight decay 0.1 except biases and
+LayerNorms, eps 1e-6), a slanted triangular schedule (cut_frac 0.1, ratio 32), gradients clipped to
+norm 1.0, N=16 documents a step. Read from the top: the config, one step and what it is made of, the
+schedule and optimiser, the loop, then the set-up; processes, the run folder, checkpoints and how a
+run starts and stops are support/'s.
 
-    python train.py                                   # the demo: a tiny model learns from Python's own docs, ~2 min
+    python train.py                          # the demo: a tiny model learns from Python's own docs
     python train.py --model scratch:tiny --data docs/ --steps 200 --lr 1e-3 --out runs/tiny
     python train.py --model distilroberta-base --data docs/ --out runs/declutr-small
-    torchrun --nproc_per_node=4 train.py --model distilroberta-base --data owt/ --out runs/declutr-small
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=run1 \\
-        train.py --model roberta-base --data owt/ --out runs/declutr-base
-    python train.py --out runs/declutr-small --resume          # continue from the newest checkpoint
+    torchrun --nproc_per_node=4 train.py --model distilroberta-base --data owt/ --out runs/small
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
+        --rdzv-id=run1 train.py --model roberta-base --data owt/ --out runs/declutr-base
+    python train.py --out runs/declutr-small --resume    # continue from the newest checkpoint
 """
 import contextlib
 import math
@@ -29,42 +30,55 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import evaluate_sts
 import sampler
-from embed import max_tokens
+from embed import window
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
 from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
-from support.device import autocast_dtype, check_compile, compiled, rng_state, set_rng_state, to_device
-from support.processes import Process, corpus_for_run, data_parallel, eval_documents, gather_rows, processes
+from support.device import (
+    autocast_dtype,
+    check_compile,
+    compiled,
+    compute,
+    rng_state,
+    set_rng_state,
+    to_device,
+)
+from support.processes import Process, corpus_for_run, eval_documents, gather_rows, processes
 from support.retrieval import word_overlap
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
 from support.training import Run
 
-NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)  # a loss scale that does nothing: all but fp16's
+NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)  # a loss scale that does nothing (not fp16)
 MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a typo, not a run
 
 
 @dataclass
-class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' settings and the run's around the method
+class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' and the run's settings
     # §3.2-3.3 and §4: the paper's hyperparameters
     temperature: float = flag(0.05, "tau of NT-Xent", low=0, high=10, strict=True)
     mlm: bool = flag(True, "--no-mlm: contrastive only (the paper's Fig. 3 ablation)")
     contrastive: bool = flag(True, "--no-contrastive: MLM only")
     lr: float = flag(5e-5, "AdamW's peak learning rate", low=0, high=1, strict=True)
-    weight_decay: float = flag(0.1, "AdamW's, decoupled; not on biases and LayerNorms", low=0, high=1)
+    weight_decay: float = flag(0.1, "AdamW's, decoupled; not on biases and LayerNorms", low=0,
+                               high=1)
     warmup_frac: float = flag(0.1, "slanted triangular cut_frac", low=0, high=1)
     lr_ratio: float = flag(32.0, "slanted triangular: lowest lr is lr / ratio", low=1, high=1e6)
     max_grad_norm: float = flag(1.0, "gradients clipped to this norm", low=0, high=1e6, strict=True)
-    steps: int = flag(0, "optimiser steps; 0: --epochs passes over the documents", low=0, high=MAX_STEPS)
+    steps: int = flag(0, "optimiser steps; 0: --epochs passes over the documents", low=0,
+                      high=MAX_STEPS)
     epochs: int = flag(1, "passes over the documents, when --steps is 0", low=1, high=10**6)
     # How a step runs: the same gradient, in less time or memory
     dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
                       choices=("auto", "fp32", "bf16", "fp16"))
-    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded tokens", low=1)
-    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk by chunk")
-    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the MLM head")
+    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded "
+                                    "tokens", low=1)
+    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk "
+                                   "by chunk")
+    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the "
+                                "MLM head")
 
     def validate(self):
         sampler.SamplerConfig.validate(self)
@@ -74,63 +88,78 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' settin
         if not (self.mlm or self.contrastive):
             raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
         if self.contrastive and self.docs_per_step * self.num_anchors < 2:
-            raise UserError(f"--docs-per-step {self.docs_per_step} with --num-anchors {self.num_anchors}: the "
-                            f"contrastive loss needs at least 2 anchors a step, or it has no negative", code=2)
+            raise UserError(f"--docs-per-step {self.docs_per_step} with --num-anchors "
+                            f"{self.num_anchors}: the contrastive loss needs at least 2 anchors a "
+                            f"step, or it has no negative", code=2)
         if (shape := demo.scratch_name(self.model)) is not None:
             demo.scratch_shape(shape, "--model scratch:")
 
 
-# Flags that --resume takes from the command line, as they do not change the model's trajectory; any other is refused
+# Flags that --resume takes from the command line, as they do not change the model's trajectory;
+# any other is refused
 RESUMABLE = runs.RESUMABLE | {"steps", "epochs", "cache_dir"}
 
 
 # -----------------------------------------------------------------------------------------------
-# One step (§3): embed every span, NT-Xent between each anchor and its positives, MLM on the anchors, one backward
+# One step (§3): embed every span, NT-Xent between each anchor and its positives, MLM on the
+# anchors, one backward
 
 
 def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING) -> dict:
-    """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `model` is
-    ChunkedEncoder(encoder), under torchrun inside the DDP that setup() wraps it in."""
+    """Forward and backward of this rank's documents; leaves the step's gradient in .grad. `model`
+    is ChunkedEncoder(encoder), under torchrun inside the DDP that setup() wraps it in."""
     encoder = unwrap(model).encoder
     dev = next(encoder.parameters()).device
-    # §3.3: the anchors go in MLM-corrupted: their masked tokens are predicted from the forward that embeds them
+    # §3.3: the anchors go in MLM-corrupted: their masked tokens are predicted from the forward
+    # that embeds them
     anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
     # §3.2: the positives serve the contrastive loss alone; MLM alone needs none
-    n_anchors, P = len(anchors), (cfg.num_positives if cfg.contrastive else 0)
+    n_anchors = len(anchors)
+    P = cfg.num_positives if cfg.contrastive else 0
     positives = batch["positives"][:n_anchors * P]
-    # One list of spans, the A·N anchors first, then the P positives of each anchor in turn, cut into chunks of
-    # similar length so that a 40-token positive never waits on a 500-token anchor (support/chunks.py)
-    chunks = Chunks(groups=[(anchors, batch["anchor_lengths"]), (positives, batch["positive_lengths"][:n_anchors * P])],
-                    mlm_labels=batch["mlm_labels"] if cfg.mlm else None, budget=cfg.chunk_tokens, device=dev,
-                    dtype=autocast_dtype(cfg.dtype, dev), pad_id=encoder.config.pad_token_id)
-    # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step. Under torchrun a
-    # step has two all-reduces besides DDP's gradients and the gather's (loss.py): this count, and the MLM loss the
-    # log reports (metrics.step_losses)
+    positive_lengths = batch["positive_lengths"][:n_anchors * P]
+    # One list of spans, the A·N anchors first, then the P positives of each anchor in turn, cut
+    # into chunks of similar length so that a 40-token positive never waits on a 500-token anchor
+    # (support/chunks.py)
+    chunks = Chunks(groups=[(anchors, batch["anchor_lengths"]), (positives, positive_lengths)],
+                    mlm_labels=batch["mlm_labels"] if cfg.mlm else None, budget=cfg.chunk_tokens,
+                    device=dev, pad_id=encoder.config.pad_token_id)
+    # What the chunks run in: autocast in --dtype's precision (CPU fp32, GPU bf16), and the
+    # attention kernels support/device.py allows (flash, memory-efficient, math; never cuDNN's)
+    precision = compute(autocast_dtype(cfg.dtype, dev), dev)
+    # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step.
+    # Under torchrun a step has two all-reduces besides DDP's gradients and the gather's (loss.py):
+    # this count, and the MLM loss the log reports (metrics.step_losses)
     mlm_weight = mlm_mean_weight(chunks.n_masked, world, dev)
     if cfg.grad_cache:
-        return grad_cache_step(model, chunks, n_anchors, P, mlm_weight, cfg.temperature, cfg.mlm, world, scaler)
-    # §3.1: every span's mean-pooled embedding, in the batch's order; §3.3: the anchors' MLM loss, the same forward.
-    # With --no-mlm the MLM head takes no part in it, which DDP is told (find_unused_parameters, setup())
-    with chunks.compute:
-        emb, mlm = model(chunks.inputs, chunks.unsort, mlm_weight)  # (S, H), a scalar
-    # §3.2: NT-Xent between each anchor and the mean of its P positives, every other span a negative
-    contrastive = contrastive_loss(emb, n_anchors, P, cfg.temperature)
-    # One objective, one backward. Under torchrun DDP averages the ranks' gradients, and that average is exactly the
-    # gradient of one process holding the whole batch: the contrastive loss is the same on every rank, over every
-    # rank's embeddings, and the gather's backward sums each embedding's gradient over the ranks (loss.py); the MLM
-    # term is weighted by world over all ranks' masked tokens (mlm_mean_weight)
+        return grad_cache_step(model, chunks, precision, n_anchors=n_anchors, P=P,
+                               mlm_weight=mlm_weight, temperature=cfg.temperature,
+                               with_mlm=cfg.mlm, world=world, scaler=scaler)
+    # §3.1: every span's mean-pooled embedding, in the batch's order; §3.3: the anchors' MLM loss,
+    # the same forward. With --no-mlm the MLM head takes no part in it, which DDP is told (setup())
+    with precision:
+        emb, mlm = model(chunks.inputs, chunks.unsort, with_mlm=cfg.mlm, mlm_weight=mlm_weight)
+    # §3.2: NT-Xent between each anchor and the mean of its P positives, all else negatives
+    contrastive = contrastive_loss(emb, n_anchors, P, cfg.temperature)  # emb: (S, H)
+    # One objective, one backward. Under torchrun DDP averages the ranks' gradients, and that
+    # average is exactly the gradient of one process holding the whole batch: the contrastive loss
+    # is the same on every rank, over every rank's embeddings, and the gather's backward sums each
+    # embedding's gradient over the ranks (loss.py); the MLM term is weighted by world over all
+    # ranks' masked tokens (mlm_mean_weight)
     scaler.scale(contrastive + mlm).backward()
     return metrics.step_losses(contrastive, mlm, int(chunks.lengths.sum()), world, cfg.mlm)
 
 
 # -----------------------------------------------------------------------------------------------
-# The step's forward, chunk by chunk: the encoder, the pooling (§3.1) and the MLM head (§3.3) in one pass
+# The step's forward, chunk by chunk: the encoder, the pooling (§3.1) and the MLM head (§3.3) in
+# one pass
 
 
 def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
-    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked tokens among them.
-    What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
-    h = encoder(ids, mask, Packing(*ids.shape, positions, None if positions is None else mask))  # (g, T, H)
+    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked
+    tokens among them (masked_at None: no MLM head). What --compile compiles: the encoder, the
+    pooling and the MLM head in one graph."""
+    h = encoder(ids, mask, Packing(*ids.shape, positions, mask))  # (g, T, H)
     # §3.1: a span's embedding is the mean of its token states
     emb = mean_pool(h, mask).float()  # (g, H)
     if masked_at is None:
@@ -141,26 +170,29 @@ def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
 
 
 class ChunkedEncoder(nn.Module):
-    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward and one
-    backward, during which DDP all-reduces the gradients in buckets as they become ready."""
+    """The encoder over several chunks of spans in one forward. Under DDP a step is then one forward
+    and one backward, during which DDP all-reduces the gradients in buckets as they become ready."""
 
     def __init__(self, encoder, compile: bool = False):
         super().__init__()
         self.encoder = encoder
+        # --compile: torch.compile with dynamic shapes, one graph for chunks of every shape
+        # (dynamo's duck sizing off, a process-wide setting: support/device.py's compiled)
         self.chunk_forward = compiled(chunk_forward) if compile else chunk_forward
 
-    def forward(self, chunks, unsort=None, mlm_weight=None):
-        """(S, H) embeddings, in the batch's order where `unsort` gives it, and the MLM loss: each chunk's sum times
-        mlm_weight (None: no MLM head at all)."""
-        outs = [self.chunk_forward(self.encoder, *(c if mlm_weight is not None else c._replace(masked_at=None)))
-                for c in chunks]
-        emb = torch.cat([e for e, _ in outs])
-        mlm = sum(m * mlm_weight for _, m in outs) if mlm_weight is not None else None
+    def forward(self, inputs, unsort=None, *, with_mlm: bool = False, mlm_weight=None):
+        """inputs: the chunks' (support.chunks.Chunk) -> (S, H) embeddings, in the batch's order
+        where `unsort` gives it, and the MLM loss: each chunk's sum times mlm_weight (0 without)."""
+        outs = [self.chunk_forward(self.encoder, *(c if with_mlm else c._replace(masked_at=None)))
+                for c in inputs]
+        emb = torch.cat([e for e, _ in outs])  # (S, H)
+        mlm = sum(m * mlm_weight for _, m in outs) if with_mlm else emb.new_zeros(())
         return (emb if unsort is None else emb[unsort]), mlm
 
 
 def contrastive_loss(emb, n_anchors: int, P: int, temperature: float):
-    """NT-Xent over the first n_anchors rows of emb (S, H) and, after them, each anchor's P positives in turn."""
+    """NT-Xent over the first n_anchors rows of emb (S, H) and, after them, each anchor's P
+    positives in turn."""
     if P == 0:
         return emb.new_zeros(())
     anchors, positives = emb[:n_anchors], emb[n_anchors:]
@@ -168,8 +200,8 @@ def contrastive_loss(emb, n_anchors: int, P: int, temperature: float):
 
 
 def mlm_mean_weight(n_masked: int, world: int, device) -> torch.Tensor:
-    """What this rank's summed MLM loss is multiplied by to make the global mean: 1 / the masked tokens of every
-    rank, times world, as DDP averages the gradients over ranks."""
+    """What this rank's summed MLM loss is multiplied by to make the global mean: 1 / the masked
+    tokens of every rank, times world, as DDP averages the gradients over ranks."""
     count = to_device(np.asarray(n_masked, dtype=np.float32), device)
     if world > 1:
         dist.all_reduce(count)
@@ -180,38 +212,45 @@ def unwrap(model) -> ChunkedEncoder:  # the ChunkedEncoder itself, also from ins
     return model.module if isinstance(model, DDP) else model
 
 
-def grad_cache_step(model, chunks: Chunks, n_anchors: int, P: int, mlm_weight, temperature: float, with_mlm: bool,
-                    world: int = 1, scaler=NO_SCALING) -> dict:
-    """GradCache (Gao et al., 2021): train_step for a batch larger than memory, with the same gradient."""
-    # 1. Every chunk's embeddings without a graph (round DDP, whose hooks belong to a backward), and the random state
-    # its dropout starts from
+def grad_cache_step(model, chunks: Chunks, precision, *, n_anchors: int, P: int, mlm_weight,
+                    temperature: float, with_mlm: bool, world: int = 1, scaler=NO_SCALING) -> dict:
+    """GradCache (Gao et al., 2021): train_step for a batch larger than memory, with the same
+    gradient. `precision`: what the chunks run in (train_step's)."""
+    # 1. Every chunk's embeddings without a graph (round DDP, whose hooks belong to a backward), and
+    # the random state its dropout starts from
     states, embs = [], []
-    with torch.no_grad(), chunks.compute:
+    with torch.no_grad(), precision:
         for chunk in chunks.inputs:
             states.append(rng_state(chunks.device))
             embs.append(unwrap(model)([chunk])[0])
-    # 2. The contrastive loss of the whole batch, and its gradient with respect to every embedding; chunk k's rows
-    emb = torch.cat(embs)[chunks.unsort].requires_grad_()
+    # 2. The contrastive loss of the whole batch, and its gradient with respect to every embedding;
+    # chunk k's rows of it
+    emb = torch.cat(embs)[chunks.unsort].requires_grad_()  # (S, H)
     contrastive = contrastive_loss(emb, n_anchors, P, temperature)
     grad = torch.autograd.grad(contrastive, emb)[0] if P else torch.zeros_like(emb)
     grads = grad[chunks.sort].split([len(rows) for rows in chunks.rows])
-    # 3. Each chunk again, with a graph and the same dropout, backpropagating its rows of that gradient (and its MLM):
-    # the chain rule through the embeddings, one chunk in memory at a time. DDP all-reduces in the last backward
-    # only, where every parameter must take part: a chunk with anchors (which use the MLM head) goes last.
-    backward_order = sorted(range(len(chunks.inputs)), key=lambda k: bool((chunks.rows[k] < n_anchors).any()))
+    # 3. Each chunk again, with a graph and the same dropout, backpropagating its rows of that
+    # gradient (and its MLM): the chain rule through the embeddings, one chunk in memory at a time.
+    # DDP all-reduces in the last backward only, where every parameter must take part: a chunk with
+    # anchors (which use the MLM head) goes last.
+    def has_anchors(k):
+        return bool((chunks.rows[k] < n_anchors).any())
+
+    backward_order = sorted(range(len(chunks.inputs)), key=has_anchors)
     mlm = torch.zeros((), device=chunks.device)
     for i, k in enumerate(backward_order):
         set_rng_state(states[k], chunks.device)
         with accumulate_locally(model, i < len(backward_order) - 1):
-            with chunks.compute:
-                e, m = model([chunks.inputs[k]], None, mlm_weight)
+            with precision:
+                e, m = model([chunks.inputs[k]], with_mlm=with_mlm, mlm_weight=mlm_weight)
             scaler.scale((e * grads[k]).sum() + m).backward()
         mlm = mlm + m.detach()
     return metrics.step_losses(contrastive, mlm, int(chunks.lengths.sum()), world, with_mlm)
 
 
 def accumulate_locally(model, local: bool):
-    """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces them all."""
+    """DDP's no_sync: this backward accumulates its gradients here; the step's last one all-reduces
+    them all."""
     return model.no_sync() if local and isinstance(model, DDP) else contextlib.nullcontext()
 
 
@@ -220,24 +259,27 @@ def accumulate_locally(model, local: bool):
 
 
 def lr_at(step: int, total: int, lr: float, cut_frac: float, ratio: float) -> float:
-    """Slanted triangular (Howard & Ruder, 2018): a short linear rise over cut_frac of the steps, a long fall to
-    lr / ratio."""
+    """Slanted triangular (Howard & Ruder, 2018): a short linear rise over cut_frac of the steps, a
+    long fall to lr / ratio."""
     cut = max(1, math.floor(total * cut_frac))
     p = step / cut if step < cut else 1 - (step - cut) / max(1, total - cut)
     return lr * (1 + p * (ratio - 1)) / ratio
 
 
 def make_optimizer(encoder, lr: float, weight_decay: float, fused: bool):
-    """AdamW with eps 1e-6, as the original; no weight decay on biases and LayerNorms (the 1-d parameters)."""
+    """AdamW with eps 1e-6, as the original; no weight decay on biases and LayerNorms (the 1-d
+    parameters)."""
     decay = [p for p in encoder.parameters() if p.dim() >= 2]
     rest = [p for p in encoder.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, eps=1e-6, fused=fused or None)
 
 
 def optimizer_step(opt, scaler, encoder, max_norm: float) -> torch.Tensor:
-    """Clip the gradient to max_norm and step; returns its norm, on the device. fp16: the loss scale comes out
-    first, and a step whose gradient overflowed is skipped, with a smaller scale for the next."""
+    """Clip the gradient to max_norm and step; returns its norm, on the device. fp16: the loss scale
+    comes out first, and a step whose gradient overflowed is skipped, with a smaller scale for the
+    next."""
     scaler.unscale_(opt)
     gnorm = torch.nn.utils.clip_grad_norm_(encoder.parameters(), max_norm)
     scaler.step(opt)
@@ -247,22 +289,27 @@ def optimizer_step(opt, scaler, encoder, max_norm: float) -> torch.Tensor:
 
 
 # -----------------------------------------------------------------------------------------------
-# The loop (§4): the run (support/training.py) logs each step, evaluates, checkpoints, and stops where it is told
+# The loop (§4): the run (support/training.py) logs each step, evaluates, checkpoints, and stops
+# where it is told
 
 
 def train(run: Run):
     cfg = run.cfg
     for batch in run.steps():
-        with run.failures():  # out of memory, or a rank gone: one line, the last checkpoint as it was
+        # Out of memory, or a rank gone: one line, the last checkpoint as it was
+        with run.failures():
             # The slanted triangular schedule sets this step's learning rate
             lr = lr_at(run.step, run.total, cfg.lr, cfg.warmup_frac, cfg.lr_ratio)
             for g in run.opt.param_groups:
                 g["lr"] = lr
-            # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run replays exactly
-            torch.manual_seed(int(np.random.SeedSequence([cfg.seed, run.proc.rank, run.step]).generate_state(1)[0]))
+            # Dropout draws from the global generator, seeded from (seed, rank, step): a resumed run
+            # replays exactly
+            seeds = np.random.SeedSequence([cfg.seed, run.proc.rank, run.step])
+            torch.manual_seed(int(seeds.generate_state(1)[0]))
             # Forward and backward of this rank's documents
             stats = train_step(run.model, batch, cfg, run.proc.world, run.scaler)
-            # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the same update
+            # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the
+            # same update
             gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
         run.after_step(lr, stats, gnorm)
 
@@ -270,8 +317,9 @@ def train(run: Run):
 @cli
 def main(argv=None):
     cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    # Ctrl-C and SIGTERM end the run with one line; SIGTERM in training first finishes and checkpoints the step under
-    # way (support/stopping.py owns the handler and hands it to the run it watches); threads as they were afterwards
+    # Ctrl-C and SIGTERM end the run with one line; SIGTERM in training first finishes and
+    # checkpoints the step under way (support/stopping.py owns the handler and hands it to the run
+    # it watches); threads as they were afterwards
     with stopping.lifetime() as life, cpu_threads(cfg.threads):
         run = life.watch(setup(cfg, given_fields(TrainConfig, argv), processes()))
         train(run)
@@ -284,13 +332,13 @@ def main(argv=None):
 
 
 def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
-    """Everything is checked (flags, evaluation data, model, documents) before an earlier run is replaced, and all
-    that may take long (a tokenizer, the corpus) is ready before the process group exists, whose collectives may wait
-    only --ddp-timeout seconds."""
-    cfg, out, resume_from = runs.run_folder(cfg, given, proc, lambda path: load_pretrained(str(path), quiet=True),
-                                            RESUMABLE)
+    """Everything is checked (flags, evaluation data, model, documents) before an earlier run is
+    replaced, and all that may take long (a tokenizer, the corpus) is ready before the process group
+    exists, whose collectives may wait only --ddp-timeout seconds."""
+    cfg, out, resume_from = runs.run_folder(cfg, given, proc, load_checkpoint_model, RESUMABLE)
     pairs = load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
-    # The model: the checkpoint's, a pretrained one, or a random-init shape whose BPE rank 0 trains on the documents
+    # The model: the checkpoint's, a pretrained one, or a random-init shape whose BPE rank 0 trains
+    # on the documents
     if resume_from:
         encoder, tok = resume_from.model
     elif demo.scratch_name(cfg.model):
@@ -298,36 +346,57 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     else:
         encoder, tok = load_pretrained(cfg.model)
     encoder.to(proc.device).train()
+    # On an Ampere or later GPU, fp32's matrix products in TF32 (inputs rounded to 10 bits, sums in
+    # fp32): several times faster, and what bf16 autocast leaves in fp32 (loss.py's similarities)
+    # runs in it too
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     corpus = corpus_for_run(cfg, tok, proc)
-    held = eval_documents(cfg, tok, proc, corpus)  # held-out span retrieval's (--holdout-docs, --eval-docs), or None
-    batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, proc.rank, proc.world,
-                                  held_out=held.held_out if held else ())
-    # The same pairs at every evaluation, of the paper's span lengths whatever this run's (so that runs compare, and
-    # evaluate_sts.py --docs gives the same figures), no longer than the model embeds a text whole
-    shortest, longest = evaluate_sts.span_lengths(max_tokens(encoder))
-    spans = evaluate_sts.span_texts(held.corpus, held.docs, tok, cfg.span_pairs, shortest, longest, held.flag,
-                                    clean=not cfg.keep_whitespace, field=cfg.text_field) if held else None
+    held = eval_documents(cfg, tok, proc, corpus)  # --holdout-docs' or --eval-docs', or None
+    batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
+                                  world_size=proc.world, held_out=held.held_out if held else ())
+    # Held-out span retrieval's pairs, the same at every evaluation (evaluate_sts.py draws them)
+    spans = None
+    if held:
+        spans = evaluate_sts.run_spans(held, tok, window(encoder), cfg.span_pairs,
+                                       clean=not cfg.keep_whitespace, field=cfg.text_field)
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
-    scaler = torch.amp.GradScaler(proc.device.type, enabled=autocast_dtype(cfg.dtype, proc.device) == torch.float16)
-    run = Run(cfg, out, ChunkedEncoder(encoder, compile=cfg.compile), encoder, tok, opt, scaler, batches,
-              cfg.steps or cfg.epochs * batches.steps_per_epoch, save_pretrained, proc)
+    fp16 = autocast_dtype(cfg.dtype, proc.device) == torch.float16
+    run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
+              tok=tok, opt=opt, scaler=torch.amp.GradScaler(proc.device.type, enabled=fp16),
+              batches=batches, total=cfg.steps or cfg.epochs * batches.steps_per_epoch,
+              save_model=save_pretrained, proc=proc)
 
-    def evaluate(start: bool) -> dict:  # of the embeddings embed.py would write, in its precision (bf16 on AMX)
+    def evaluate(start: bool) -> dict:
+        # In the precision embed.py would use (bf16 on a CPU with AMX), with model.py's own layers:
+        # embed.py's CPU swap (support/cpu_layers.py) would lay the weights out again at every
+        # evaluation
         dtype, figures = autocast_dtype("auto", proc.device, cpu_bf16=True), {}
-        if spans:  # every rank embeds its share of the spans; the start is compared with word overlap
-            found = evaluate_sts.span_retrieval(encoder, tok, *spans, dtype, share=(proc.rank, proc.world, gather_rows))
+        if spans:  # every rank embeds its share; the start is compared with word overlap
+            found = evaluate_sts.span_retrieval(encoder, tok, *spans, dtype=dtype,
+                                                share=(proc.rank, proc.world, gather_rows))
             figures |= {f"spans_{k}": v for k, v in found.items()}
             if start:
                 figures |= metrics.word_figures(word_overlap(*spans))
         if pairs and proc.rank == 0:  # STS-B dev
-            figures["stsb_dev_spearman"] = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
+            stsb = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
+            figures["stsb_dev_spearman"] = stsb
         return figures
 
-    run.begin(resume_from, evaluate if pairs or spans else None,
-              lambda s, t: lr_at(s, t, cfg.lr, cfg.warmup_frac, cfg.lr_ratio), MAX_STEPS)  # the process group is up
-    if proc.world > 1:  # every rank's gradients averaged in buckets during backward; --no-mlm leaves the MLM head out
-        run.model = data_parallel(run.model, proc.device, find_unused=not cfg.mlm)
+    def schedule(step, total):
+        return lr_at(step, total, cfg.lr, cfg.warmup_frac, cfg.lr_ratio)
+
+    # The process group comes up here (support/runs.py)
+    run.begin(resume_from, evaluate if pairs or spans else None, schedule, MAX_STEPS)
+    if proc.world > 1:
+        # Every rank's gradients averaged in buckets during backward, on this rank's GPU (by its
+        # index) or the CPU. With --no-mlm the MLM head takes no part in a step: DDP must be told
+        # (find_unused_parameters), or the next step fails for the head's gradients, never reduced
+        run.model = DDP(run.model, device_ids=proc.device_ids, find_unused_parameters=not cfg.mlm)
     return run
+
+
+def load_checkpoint_model(path):  # a checkpoint's model, for --resume (support/runs.py)
+    return load_pretrained(str(path), quiet=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import torch
 import sampler
 import train
 from support.chunks import Chunks
-from support.device import autocast_dtype
 
 
 def span_batch(n_docs: int, vocab: int, seed: int = 0, A: int = 2, P: int = 2, max_span: int = 510):
@@ -37,6 +36,5 @@ def step_chunks(batch, encoder, cfg=None, multiple=None) -> Chunks:
     dev, n, P = next(encoder.parameters()).device, len(batch["anchors"]), cfg.num_positives if cfg.contrastive else 0
     anchors = batch["mlm_inputs"] if cfg.mlm else batch["anchors"]
     groups = [(anchors, batch["anchor_lengths"]), (batch["positives"][:n * P], batch["positive_lengths"][:n * P])]
-    return Chunks(groups, batch["mlm_labels"] if cfg.mlm else None, cfg.chunk_tokens, dev,
-                  autocast_dtype(cfg.dtype, dev), encoder.config.pad_token_id, **({"multiple": multiple} if multiple
-                                                                                  else {}))
+    return Chunks(groups, batch["mlm_labels"] if cfg.mlm else None, cfg.chunk_tokens, dev, encoder.config.pad_token_id,
+                  **({"multiple": multiple} if multiple else {}))

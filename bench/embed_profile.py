@@ -73,7 +73,7 @@ def op_kinds(model, tok, texts, dtype) -> dict:
     from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile
 
-    tokenized = E.tokenize(texts, tok, E.max_tokens(model))
+    tokenized = E.tokenize(texts, tok, E.window(model))
     E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # oneDNN's kernels made before the profile
     every_thread = _ExperimentalConfig(profile_all_threads=True)
     with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
@@ -115,7 +115,7 @@ def main():
     t = time.perf_counter()
     rows = stsb.read_text(encoding="utf-8").splitlines()
     texts = ([s for r in rows for s in r.split("\t")[5:7]] * 4)[:a.lines]
-    tokenized = E.tokenize(texts, tok, E.max_tokens(model))
+    tokenized = E.tokenize(texts, tok, E.window(model))
     wall["reading and tokenising"] = time.perf_counter() - t
     t = time.perf_counter()
     out = E.embed_tokenized(tokenized, model, tok, dtype=dtype)

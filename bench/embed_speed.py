@@ -4,20 +4,20 @@ load, tokenising, embedding, writing the rows) on the same lines, the arms alter
 sentences/s, the share of the processor's matrix-multiply peak its dense layers reach over the whole process (real
 tokens only; the peak measured in the same run, bench/embed_profile.py's), peak memory, the lowest cosine of its rows
 to sentence-transformers' fp32 rows, and the STS-B dev score of its embeddings; then embed.py's default beside one
-busy process against alone. Names the processor it ran on.
+busy process against alone; and each arm's whole process on a file of 2 lines, what a user waits before the first
+row (imports, the model's load), so that a cost added there shows. Names the processor it ran on.
 
     python bench/embed_speed.py --backends-python ~/venvs/backends/bin/python    # every arm, about 45 min on 2 cores
     python bench/embed_speed.py --lines 11498 --repeats 1                         # quicker
     python bench/embed_speed.py --memory 1000000    # peak memory: 100,000 and 1,000,000 lines, 1,888 books
-    python bench/embed_speed.py --lines 1000000 --repeats 2 --arms "embed.py, default" "embed.py --compile"
+    python bench/embed_speed.py --lines 1000000 --repeats 2 --arms "embed.py, default" "embed.py --dtype fp32"
 
 Arms: embed.py by default (--dtype auto: bf16 on a CPU with AMX or AVX512-BF16, else fp32; --threads: the cores free
-at its start), in fp32, in bf16 where the CPU multiplies it, and (named in --arms) with --compile;
-sentence-transformers' encode with its defaults (batch 32, fp32), with bf16 weights, and, with --backends-python (a
-virtual environment made from bench/requirements-backends.txt), its ONNX backend in fp32 and its int8 model
-dynamically quantised for this processor's instruction set, and OpenVINO where it installs (--arms: those named
-alone). The lines: STS-B train's sentences, both of each pair, over and over (four times: 45,992 lines, as a file of
-duplicates would be).
+at its start), in fp32, in bf16 where the CPU multiplies it; sentence-transformers' encode with its defaults (batch
+32, fp32), with bf16 weights, and, with --backends-python (a virtual environment made from
+bench/requirements-backends.txt), its ONNX backend in fp32 and its int8 model dynamically quantised for this
+processor's instruction set, and OpenVINO where it installs (--arms: those named alone). The lines: STS-B train's
+sentences, both of each pair, over and over (four times: 45,992 lines, as a file of duplicates would be).
 """
 import argparse
 import json
@@ -48,7 +48,6 @@ def arms(a, model: Path, exported: Path | None, has_bf16: bool) -> dict[str, cal
            "embed.py --dtype fp32": lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "fp32"]}
     if has_bf16:
         out["embed.py --dtype bf16"] = lambda i, o: [*ours, i, "--output", o, "--overwrite", "--dtype", "bf16"]
-    out["embed.py --compile"] = lambda i, o: [*ours, i, "--output", o, "--overwrite", "--compile"]
     out["sentence-transformers, default (fp32)"] = lambda i, o: [a.st_python, st, "encode", model, i, o]
     out["sentence-transformers, bf16"] = lambda i, o: [a.st_python, st, "encode", model, i, o, "--bf16"]
     if exported:
@@ -81,7 +80,7 @@ def side_by_side(a, d: Path):
         shutil.copytree(model, exported)
         subprocess.run([a.backends_python, str(ROOT / "bench" / "st_encode.py"), "prepare", str(exported)], check=True)
     every = arms(a, model, exported, has_bf16)
-    runs = {k: v for k, v in every.items() if k in a.arms or not a.arms and k != "embed.py --compile"}
+    runs = {k: v for k, v in every.items() if k in a.arms or not a.arms}
     if not runs:
         raise UserError(f"--arms {' '.join(a.arms)}: none of this processor's arms ({', '.join(every)})")
     work, best, typical = work_and_peak(model, lines, has_bf16)
@@ -166,6 +165,23 @@ def beside_busy(a, n: int, lines: Path, runs: dict, d: Path) -> list:
     return out
 
 
+def start_up(a, runs: dict, d: Path) -> list:
+    """Each arm's whole process on a file of 2 lines, the arms alternating, median of --repeats: the start-up a user
+    waits for before the first row (imports, the model's load), where a cost that every run pays shows."""
+    two = d / "two.txt"
+    two.write_text("A man is playing a guitar.\nA woman is singing.\n", encoding="utf-8")
+    seconds = {k: [] for k in runs}
+    for _ in range(a.repeats):
+        for name, cmd in runs.items():
+            seconds[name].append(measured(cmd(two, d / "two.npy"))[0])
+    print("\n| a file of 2 lines | seconds, whole process (range) |\n|---|---|")
+    out = []
+    for name, s in seconds.items():
+        out.append(dict(arm=name, seconds=round(statistics.median(s), 2)))
+        print(f"| {name} | {statistics.median(s):.2f} ({min(s):.2f}–{max(s):.2f}) |")
+    return out
+
+
 def memory(a, d: Path):
     """Peak memory of embed.py over 100,000 and --memory lines: a tiny scratch model (quick enough for a million
     lines on a CPU); the point is what grows."""
@@ -226,8 +242,10 @@ def main():
             return memory(a, d)
         n, lines, runs, table = side_by_side(a, d)
         busy = beside_busy(a, n, lines, runs, d) if "embed.py, default" in runs and not a.arms else []
+        start = start_up(a, runs, d)
     if a.json:
-        Path(a.json).write_text(json.dumps({"processor": processor(), "arms": table, "busy": busy}, indent=2) + "\n")
+        Path(a.json).write_text(json.dumps({"processor": processor(), "arms": table, "busy": busy,
+                                            "start_up": start}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

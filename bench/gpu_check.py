@@ -1,7 +1,7 @@
 """
 The one-shot GPU check: is the code right on a GPU, and how fast is it there? Run by bench/gpu_check.sh.
 
-    bash bench/gpu_check.sh                 # one GPU: about 4 minutes by estimate, 7.8 at the most (docs/gpu.md)
+    bash bench/gpu_check.sh                 # one GPU: about 5 minutes by estimate, 8.8 at the most (docs/gpu.md)
     bash bench/gpu_check.sh --dry-run       # on a CPU, small: every section that can run without a GPU
     bash bench/gpu_check.sh --sections ce   # a rerun of some sections
     bash bench/gpu_env_dry_run.sh           # the dry run under the GPU machine's Python and packages
@@ -36,6 +36,8 @@ nothing copied to the host inside what is timed:
      whole training steps with every layer padded, with train.py's path, and with varlen attention
   j. embed.encode against sentence-transformers' encode on the same GPU, model and sentences: their ratio of
      sentences/s and the lowest cosine
+  k. embed.encode with the encoder under torch.compile (inductor, dynamic shapes) against eager on the same model and
+     sentences: sentences/s each, the first pass's seconds (the graphs' build), and the lowest cosine (>= 0.999)
 Models are random-init (the distilroberta-base shape, roberta-base's in i, with RoBERTa's 50,265-token vocabulary
 on a GPU, whatever the BPE reaches on the documents; tiny in a dry run) with a BPE trained on the check's documents:
 16 Gutenberg books under DECLUTR_SHARED if there, else Python's own docstrings joined into long documents. g and j
@@ -62,6 +64,7 @@ from pathlib import Path
 import numpy as np
 import safetensors.torch
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -71,7 +74,7 @@ import loss  # noqa: E402
 import model  # noqa: E402
 import sampler  # noqa: E402
 import train  # noqa: E402
-from support import chunks, corpus, demo, processes  # noqa: E402
+from support import chunks, corpus, demo, processes, threads  # noqa: E402
 from support.device import compiled_graphs, compute, device_and_dtype  # noqa: E402
 from support.hub import train_tokenizer  # noqa: E402
 from support.sts_files import load_stsb_dev  # noqa: E402
@@ -355,7 +358,8 @@ def ddp(check: Check):
                 ref = step(check, enc, batch, grad_cache=grad_cache_on, **same)
                 enc.zero_grad(set_to_none=True)
                 cfg = check.config(grad_cache=grad_cache_on, **same)
-                chunks = processes.data_parallel(train.ChunkedEncoder(enc), proc.device, find_unused=not cfg.mlm)
+                chunks = DDP(train.ChunkedEncoder(enc), device_ids=proc.device_ids,  # as train.setup() builds it
+                             find_unused_parameters=not cfg.mlm)
                 train.train_step(chunks, batch, cfg, world=1)
                 check.record("d", **{f"ddp{'_grad_cache' if grad_cache_on else ''}_worst_relative_grad_diff":
                                      worst_relative(grads(enc), ref["grads"])})
@@ -714,13 +718,48 @@ def versus_sentence_transformers(check: Check):
                  min_cosine=float(cosine.min()), passed=float(cosine.min()) >= 0.999)
 
 
-# Seconds each section may take on one GPU (a dry run: three times as long). With setup's they add up to 455 s, under
-# the 470 s that gpu_check.sh gives the whole; docs/gpu.md gives each one's estimate (about 4 minutes in all) and how
+def compiled_embedding(check: Check):
+    """(k) embed.encode with the encoder under torch.compile against eager: sentences/s and the lowest cosine."""
+    folder, texts, what = model_and_sentences(check)
+    texts = texts[:200] if check.dry else texts
+    enc, tok = model.load_pretrained(str(folder), quiet=True)
+    if check.dry:  # as b and c: one layer shows the compiled forward right, in a fraction of the build
+        enc.layers, enc.config.num_hidden_layers = enc.layers[:1], 1
+    enc.to(check.dev)
+    _, dtype = device_and_dtype(str(check.dev), "auto")
+    # embed.py dropped --compile: on a 2-core CPU it never paid (docs/measurements.md). This is the figure that
+    # could bring it back on a GPU: inductor for batches of every shape, the graphs built in the first pass
+    compiled = torch.compile(enc, dynamic=True)
+    arms = {"eager": enc, "compiled": compiled}
+    out, times, first = {}, {name: [] for name in arms}, {}
+    # A CPU (the dry run) runs its batches one at a time: a graph built in one thread waits on the others forever
+    with threads.cpu_threads(1) if check.dev.type == "cpu" else contextlib.nullcontext():
+        for name, m in arms.items():
+            t = time.perf_counter()
+            out[name] = embed.encode(texts, m, tok, dtype=dtype)
+            first[name] = time.perf_counter() - t
+        for _ in range(1 if check.dry else 3):  # alternating, past the first pass
+            for name, m in arms.items():
+                check.sync()
+                t = time.perf_counter()
+                embed.encode(texts, m, tok, dtype=dtype)
+                check.sync()
+                times[name].append(time.perf_counter() - t)
+    per_s = {name: len(texts) / float(np.median(t)) for name, t in times.items()}
+    a, b = out["compiled"], out["eager"]
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    check.record("k", model=what, sentences=len(texts), dtype=str(dtype), sentences_per_s=per_s,
+                 compiled_over_eager=per_s["compiled"] / per_s["eager"], first_pass_s=first,
+                 min_cosine=float(cosine.min()), passed=float(cosine.min()) >= 0.999)
+
+
+# Seconds each section may take on one GPU (a dry run: three times as long). With setup's they add up to 515 s, under
+# the 530 s that gpu_check.sh gives the whole; docs/gpu.md gives each one's estimate (about 5 minutes in all) and how
 # a 15-minute lease holds a start, the whole check and a rerun of the sections that failed.
 SETUP_LIMIT = 45
 SECTIONS = {"a": (parity, 30), "b": (grad_cache, 70), "c": (compile_check, 90), "d": (ddp, 20), "e": (train_run, 45),
             "f": (attention_kernel, 15), "g": (embedding, 30), "h": (packed_attention, 20), "i": (paper_setting, 45),
-            "j": (versus_sentence_transformers, 45)}
+            "j": (versus_sentence_transformers, 45), "k": (compiled_embedding, 60)}
 
 
 class Skipped(Exception):

@@ -1,6 +1,7 @@
 """
 support/chunks.py: a training step's spans cut into chunks of similar length, each chunk's inputs worked out on the
-host. Which spans, in which order, with which ids, is train_step's to say; this only cuts. Token-wise layers skip
+host. Which spans, in which order, with which ids, and in what precision they run, is train_step's to say; this only
+cuts. Token-wise layers skip
 padding anyway (model.py), but attention costs T^2 per span, so on a CPU a 40-token positive never waits on a 500-token
 anchor; on a GPU one chunk per token budget, where launches cost more than padding.
 """
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from support.device import compute, padding_mask, to_device
+from support.device import padding_mask, to_device
 
 
 class Chunk(NamedTuple):
@@ -30,7 +31,7 @@ class Chunks:
     copied to the device from page-locked memory without waiting (to_device): nothing here makes the host wait for
     the GPU. A copy each, a few dozen a step, costs microseconds beside a step's hundreds of milliseconds on a GPU."""
 
-    def __init__(self, groups, mlm_labels, budget: int, device, dtype, pad_id: int, multiple: int | None = None):
+    def __init__(self, groups, mlm_labels, budget: int, device, pad_id: int, multiple: int | None = None):
         self.device = device
         # On a GPU a chunk's width is a multiple of 8: inductor guards on the attention mask's width modulo 8 there
         # (torch/_inductor/lowering.py, sdpa_constraint), so mixed widths would compile a second graph per mode
@@ -46,7 +47,6 @@ class Chunks:
         sort = np.concatenate(self.rows)
         self.sort, self.unsort = to_device(sort, device), to_device(np.argsort(sort), device)
         self.n_masked = 0 if labels is None else int((labels != -100).sum())
-        self.compute = compute(dtype, device)  # the precision and the attention kernels the chunks run in
 
     def _chunk(self, rows, ids, labels) -> Chunk:
         T = self.width(int(self.lengths[rows].max()))

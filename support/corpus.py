@@ -320,7 +320,9 @@ def _batches(texts, max_chars: int):
 # -----------------------------------------------------------------------------------------------
 # Documents kept out of training, for held-out span retrieval (train.py --holdout-docs, --eval-docs)
 
-HOLDOUT_SEED = 70  # not --seed: runs of every seed hold out the same documents, so their figures compare
+# Not --seed: runs of every seed hold out the same documents, so their figures compare (70: the issue that brought
+# held-out retrieval; any fixed number would do)
+HOLDOUT_SEED = 70
 
 
 def held_out(corpus: Corpus, share: float) -> np.ndarray:
@@ -370,7 +372,7 @@ def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
     if batches.per_rank == 0 or batches.steps_per_epoch == 0:
         raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
                         f"{batches.world} ranks")
-    held = getattr(batches, "held_out", 0)
+    held = getattr(batches, "n_held_out", 0)
     kept = f", {held:,} held out for evaluation (--holdout-docs)" if held else ""
     say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable - held:,} skipped as shorter than {shortest:,} "
         f"tokens{kept}; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)

@@ -50,6 +50,11 @@ def swap_in(model, dtype):
     return model.eval()
 
 
+def swapped(model) -> bool:
+    """Whether swap_in changed anything of `model`."""
+    return any(isinstance(m, (PackedLinear, PackedFeedForward)) for m in model.modules())
+
+
 class PackedLinear(nn.Module):
     """nn.Linear as oneDNN's product in `dtype`, its weight laid out once (a copy, without a gradient) and, where
     `activation` names one, the activation applied to the fp32 sums before they are rounded."""

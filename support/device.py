@@ -138,6 +138,27 @@ def device_and_dtype(device: str, dtype: str):
     return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
+def runs_as(device: torch.device, dtype, asked: str, swapped: bool) -> str:
+    """What a forward runs, in one line (embed.py and evaluate_sts.py say it, as gpt-fast says its mode): the device,
+    the precision and why --dtype auto chose it, and whether oneDNN's products were swapped in
+    (support/cpu_layers.py)."""
+    where = "the CPU" if device.type == "cpu" else f"{device} ({device_name(device)})"
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    why = ""
+    if asked == "auto" and device.type == "cpu":
+        why = (" (--dtype auto: this CPU multiplies bf16, with AMX or AVX512-BF16)" if dtype else
+               " (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
+    elif asked == "auto":
+        why = " (--dtype auto)"
+    if device.type != "cpu":
+        layers = ""
+    elif swapped:
+        layers = ", oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
+    else:
+        layers = ", model.py's layers as written"
+    return f"on {where} in {precision}{why}{layers}"
+
+
 def device_name(device: torch.device) -> str:
     """What a device is, as a person names it: the GPU's model, or the CPU's (Linux's /proc/cpuinfo)."""
     if device.type == "cuda":
@@ -202,20 +223,6 @@ def compiled(fn):
     if hasattr(fx_config, "use_duck_shape"):  # torch >= 2.5
         fx_config.use_duck_shape = False
     return torch.compile(fn, dynamic=True)
-
-
-def compiled_encoder(model):
-    """embed.py --compile: the encoder under torch.compile (inductor) for batches of every shape, a graph for each of
-    its forward's few branches (packed or not, short rows or long). On a CPU its weights are frozen in as constants,
-    which inductor lays out for oneDNN once, as support/cpu_layers.py does by hand (unfrozen, each product lays its
-    weight out again, slower than embed.py's default); inductor then builds every graph anew in each process. On a
-    GPU its cache keeps what it builds (TORCHINDUCTOR_CACHE_DIR, else a folder under /tmp) for a later process."""
-    frozen = next(model.parameters()).device.type == "cpu"  # embedding changes no weight
-    return torch.compile(model, dynamic=True, options={"freezing": frozen})  # for this model only, not torch's default
-
-
-def is_compiled(model) -> bool:
-    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
 
 
 def compiled_graphs() -> tuple[int, bool]:

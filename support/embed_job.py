@@ -53,12 +53,14 @@ def job_folder(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def started(cfg, proc: Process, model, device, dtype, max_tokens: int, argv):
+def started(cfg, proc: Process, model, *, device, dtype, max_tokens: int, argv, runs: str = ""):
     """The job, begun or resumed, for embed.py to fill block by block; on the way out the output named (by rank 0,
-    once every process is done), or, however the job stops, one line: the rows kept and the command that continues."""
+    once every process is done), or, however the job stops, one line: the rows kept and the command that continues.
+    runs: what the forward runs (support.device.runs_as), said in the job's first line."""
     handled = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
     previous = signal.signal(signal.SIGTERM, StopOnSigterm()) if handled else None  # SIGTERM raises Terminated
     job = Job(cfg, proc, model, device, dtype, max_tokens, argv)
+    job.runs = runs
     try:
         job.begin()
         yield job
@@ -90,6 +92,7 @@ class Job:
         self.rows_from = rows_depend_on(cfg, model, device, dtype, max_tokens)
         self.rows = self.kept_before = 0
         self.plan = self.record = self.fd = self.progress = None
+        self.runs = ""  # what the forward runs, for the first line
 
     # --- the job begun, or resumed ---------------------------------------------------------------
 
@@ -296,8 +299,7 @@ def rows_depend_on(cfg, model, device, dtype, max_tokens: int) -> dict:
             "--device": device.type, "--batch-tokens": cfg.batch_tokens, "--block": cfg.block, "--format": cfg.format,
             "--output-dtype": cfg.output_dtype, "the model's length": max_tokens,
             **({"--text-field": cfg.text_field} if cfg.text_field != "text" else {}),  # as jobs before it had none
-            **({"--no-onednn": True} if not cfg.onednn and device.type == "cpu" else {}),
-            **({"--compile": True} if cfg.compile else {})}
+            **({"--no-onednn": True} if not cfg.onednn and device.type == "cpu" else {})}
 
 
 def describe_inputs(inputs, copies: dict) -> list:
@@ -407,7 +409,9 @@ class JobProgress:
         kept = f"; {self.kept:,} kept from before, {self.n - self.kept:,} to go" if self.kept else ""
         on = f" on {job.proc.world} processes" if job.proc.world > 1 else ""
         quiet = job.proc.rank != 0 or job.plan["complete"]
-        self.line = Progress("embedding", f"{self.n:,} texts with {job.cfg.model}, into {job.out}{on}{kept}", quiet)
+        runs = f" {job.runs}" if job.runs else ""
+        self.line = Progress("embedding", f"{self.n:,} texts with {job.cfg.model}{runs}, into {job.out}{on}{kept}",
+                             quiet)
 
     def __call__(self, texts: int, windows: int):  # embed.py's, after each batch: texts finished, windows they took
         self.partial, self.windows = self.partial + texts, self.windows + windows

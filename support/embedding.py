@@ -17,7 +17,7 @@ import torch
 from support import quantize
 from support.cli import UserError, say
 from support.corpus import SUFFIXES, column_bytes, parquet_file, read_lines
-from support.device import check_compile, pad_rows, to_device
+from support.device import pad_rows, to_device
 from support.files import path_kind
 
 # -----------------------------------------------------------------------------------------------
@@ -141,8 +141,6 @@ def check_flags(cfg):
         raise UserError("--ranges: for --output-dtype int8 only", code=2)
     if cfg.resume and cfg.overwrite:
         raise UserError("--resume and --overwrite: continue the job, or start it afresh, not both", code=2)
-    if cfg.compile:
-        check_compile()
 
 
 def check_paths(cfg, out: Path, world: int = 1):

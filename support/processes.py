@@ -14,7 +14,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from support.cli import UserError, first_line, say
 from support.corpus import Corpus, also_in, held_out, prepare_corpus
@@ -30,6 +29,11 @@ class Process:
     device: torch.device
     store: object = None  # None for one process
     node: str = "0"  # torchrun's GROUP_RANK: which machine
+
+    @property
+    def device_ids(self) -> list[int] | None:
+        """DDP's device_ids: this rank's GPU by its index (NCCL wants one), or None on a CPU."""
+        return [self.device.index] if self.device.type == "cuda" else None
 
 
 def processes() -> Process:
@@ -148,6 +152,3 @@ def gather_rows(rows: np.ndarray) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def data_parallel(model, device: torch.device, find_unused: bool):
-    """DDP(model): gradients all-reduced in buckets during backward, on this rank's GPU (by its index) or the CPU."""
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=find_unused)

@@ -140,3 +140,23 @@ def few_words(per_span: float) -> str:
         return ""
     return (f"the spans hold {per_span:.1f} words each as BM25 and TF-IDF split them (runs of letters): text without "
             f"spaces between its words, so their figures are near chance, not a bar for the encoder")
+
+
+def longer_than(tok, texts: list[str], most: int) -> int:
+    """How many of the texts are more than `most` tokens long in `tok`'s tokens: a model with that
+    window reads only their start."""
+    return sum(len(e.ids) > most for e in tok.encode_batch(texts, add_special_tokens=False))
+
+
+def said(results: dict, models: list[str], words: dict) -> str:
+    """The lines under evaluate_sts.py's SPANS rows: which word baseline is the bar to beat, how many
+    spans a model read only the start of, and whether the word baselines could split the text into
+    words at all."""
+    bar = words[words["bar"]]
+    lines = [f"SPANS: the bar to beat is {NAMES[words['bar']]}, MRR {bar['mrr']:.2f} (the word "
+             f"baselines see {words['words']:.0f} words a span)"]
+    lines += [f"SPANS: {m} read only the start of {results[m]['SPANS']['cut']:,} of the spans "
+              f"(longer than it reads)" for m in models if results[m]["SPANS"]["cut"]]
+    if few_words(words["words"]):
+        lines.append(f"SPANS: {few_words(words['words'])}")
+    return "\n".join(lines)

@@ -54,7 +54,6 @@ class Run:
         cfg, proc = self.cfg, self.proc
         if not resume_from and demo.scratch_name(cfg.model) is None and not Path(cfg.model).expanduser().is_dir():
             self.cfg = cfg = replace(cfg, model=f"{cfg.model.partition('@')[0]}@{self.encoder.source.name}")  # commit
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # free on Ampere and later
         self.machines = runs.machines(resume_from, proc, autocast_dtype(cfg.dtype, proc.device))
         runs.check_length(self.total, self.batches.steps_per_epoch, cfg, resume_from, most_steps)
         runs.begin(proc, self.out, resume_from, cfg.ddp_timeout)

@@ -22,7 +22,14 @@ torch.compile = functools.partial(torch.compile, backend=os.environ.get("COMPILE
 # DDP's buckets small enough that the tiny model's gradients fill several, as a real model's fill DDP's 25 MB ones:
 # dynamo's DDPOptimizer then cuts the compiled graph at the buckets' edges
 cap_mb = float(os.environ.get("BUCKET_CAP_MB", "0.05"))
-processes.DDP = functools.partial(processes.DDP, bucket_cap_mb=cap_mb)
+
+
+class SmallBuckets(train.DDP):  # the DDP train.setup() builds, with those buckets
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, bucket_cap_mb=cap_mb, **kwargs)
+
+
+train.DDP = SmallBuckets
 torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = int(cap_mb * 2**20)  # DDPOptimizer's first bucket, DDP's 1 MiB
 splits = []
 compile_fn = DDPOptimizer.compile_fn

@@ -290,33 +290,6 @@ def test_embed_and_evaluate_swap_in_the_cpu_layers_in_one_line_unless_told_not_t
     assert scores[0]["n"] == 12 and scores[0]["spearman"] == pytest.approx(scores[1]["spearman"])
 
 
-@pytest.mark.slow
-def test_compile_embeds_the_eager_rows_one_batch_at_a_time(tmp_path, tiny, monkeypatch):
-    """embed.py --compile: the encoder under torch.compile (inductor, its weights frozen in on a CPU) writes the naive
-    loop's rows (fp32) for batches packed, as they are and without padding; on a CPU its batches run one at a time (a
-    graph built in one thread waits on the others forever); the job's record says it was compiled. The tiny model
-    cut to one layer: a graph's kernels are the same for every layer, and its build takes 20% longer with two."""
-    import torch._inductor.config as inductor
-    import torch._inductor.freezing as freezing
-
-    model, tok = M.load_pretrained(str(tiny))
-    model.layers, model.config.num_hidden_layers = model.layers[:1], 1
-    M.save_pretrained(model, tok, tmp_path / "one-layer")
-    tiny = tmp_path / "one-layer"
-    frozen = []
-    monkeypatch.setattr(freezing, "freeze", lambda *a, freeze=freezing.freeze, **k: frozen.append(1) or freeze(*a, **k))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    texts = ["the cat sat", "a dog barked at the moon " * 5, "", "the mat " * 8, "moon", "sat on the mat"] * 3
-    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    at_once = []
-    monkeypatch.setattr(E, "across_cores", lambda items, work, cpu: at_once.append(cpu) or map(work, items))
-    E.main(["--model", str(tiny), str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.npy"), "--compile",
-            "--dtype", "fp32", "--batch-tokens", "64"])
-    model, tok = M.load_pretrained(str(tiny))
-    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), naive(texts, model, tok), atol=1e-5)
-    assert at_once == [False] and frozen and not inductor.freezing  # frozen in this model's graphs, not torch's default
-
-
 def test_a_batch_packed_or_not_changes_no_embedding(tiny, monkeypatch):
     """A batch whose padding is over PACK_ABOVE of it runs its token-wise layers on the real tokens alone, one with
     less as it is, one without any padding without a mask: every batch with padding packed, and none, gives the
@@ -532,3 +505,41 @@ def test_long_texts_truncate_where_sentence_transformers_does_and_saving_keeps_i
     again = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(texts)
     np.testing.assert_allclose(np.linalg.norm(again, axis=1), 1, atol=1e-5)  # Normalize kept
     assert ((again * ref).sum(1)).min() >= 0.99999
+
+
+def test_embedding_never_imports_the_compiler(tmp_path, tiny):
+    """embed.py's whole path, from its import to the rows written, imports nothing of torch.compile's: torch._dynamo
+    alone is 79 modules and about a second of every run's start (issue 77 measured 2.46-2.68 s against 1.43-1.53 for
+    2 lines while embed.py had --compile)."""
+    (tmp_path / "two.txt").write_text("A man is playing a guitar.\nA woman is singing.\n")
+    code = ("import sys, embed; embed.main(sys.argv[1:]); "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch._inductor'))))")
+    r = subprocess.run([sys.executable, "-c", code, "--model", str(tiny), str(tmp_path / "two.txt"), "--output",
+                        str(tmp_path / "two.npy")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+    assert np.load(tmp_path / "two.npy").shape[0] == 2
+
+
+def test_embed_and_evaluate_say_what_runs(tmp_path, tiny, capsys):
+    """The job's first line says where it runs, the precision --dtype auto chose and why, and whether oneDNN's
+    products were swapped in (--no-onednn named): issue 77 found the bf16 that ran misread as fp32. evaluate_sts.py
+    says the same in each model's first line."""
+    import evaluate_sts
+    from support.device import cpu_has_bf16
+
+    (tmp_path / "a.txt").write_text("the cat sat\non the mat\n")
+    args = ["--model", str(tiny), str(tmp_path / "a.txt"), "--output", str(tmp_path / "a.npy"), "--overwrite"]
+    E.main([*args, "--dtype", "fp32", "--no-onednn"])
+    assert f"with {tiny} on the CPU in fp32, model.py's layers as written, into" in capsys.readouterr().err
+    E.main(args)
+    chose = ("in bf16 (--dtype auto: this CPU multiplies bf16, with AMX or AVX512-BF16)" if cpu_has_bf16() else
+             "in fp32 (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
+    swapped = "oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
+    err = capsys.readouterr().err
+    assert f"on the CPU {chose}, {swapped if cpu_layers.available() else 'model.py'}" in err, err
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "d.txt").write_text(" ".join(WORDS * 60))
+    evaluate_sts.main(["--model", str(tiny), "--docs", str(docs), "--span-pairs", "5", "--cache-dir",
+                       str(tmp_path / "cache")])
+    assert f"evaluate: {tiny} on SPANS, on the CPU {chose}" in capsys.readouterr().err

@@ -83,7 +83,8 @@ def test_out_of_memory_in_a_step_is_one_line_naming_the_way_out(tmp_path, docs, 
 def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     """One GPU faked (torch.accelerator and torch.cuda report it; NCCL, which a CPU build lacks, becomes gloo, so that
     torch's own checks of init_process_group's device_id run as on a GPU: a device without an index is refused there).
-    train.py's set-up and gpu_check's bind the process group to cuda:0 and give DDP the index 0."""
+    train.py's set-up and gpu_check's bind the process group to cuda:0 and give DDP (train.setup's, gpu_check's d) the
+    index 0."""
     import dataclasses
 
     import torch.distributed as dist
@@ -100,7 +101,6 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
         bound.append(dist.distributed_c10d._get_default_group().bound_device_id)
 
     monkeypatch.setattr(dist, "init_process_group", init)
-    monkeypatch.setattr(processes, "DDP", lambda module, device_ids=None, **kw: ddp_ids.append(device_ids) or module)
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
         monkeypatch.setenv(name, value)
     gpu_check = bench_script("gpu_check")
@@ -113,7 +113,7 @@ def test_process_group_set_up_names_the_gpu_by_its_index(monkeypatch):
     for set_up in (train_set_up, lambda: gpu_check.one_rank_process_group(gpu_check.device(dry=False))):
         try:
             proc = set_up()
-            processes.data_parallel(T.ChunkedEncoder(tiny_encoder()), proc.device, find_unused=False)
+            ddp_ids.append(proc.device_ids)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -562,7 +562,8 @@ def test_the_gpu_check_writes_its_summary_whatever_a_section_does(tmp_path, monk
     gpu_check = bench_script("gpu_check")
     limit = int(next(line for line in (ROOT / "bench" / "gpu_check.sh").read_text().splitlines()
                      if line.startswith("limit=")).split("=")[1])
-    assert gpu_check.SETUP_LIMIT + sum(seconds for _, seconds in gpu_check.SECTIONS.values()) < limit <= 8 * 60
+    # and the whole check fits a 15-minute lease with a start (up to 2 minutes) and a rerun of one section (docs/gpu.md)
+    assert gpu_check.SETUP_LIMIT + sum(seconds for _, seconds in gpu_check.SECTIONS.values()) < limit <= 9 * 60
 
     def exits(check):
         """(a) exits"""
