@@ -97,6 +97,10 @@ def read_lines(path: Path, copy: Path | None = None, skipping=None, field: str =
                 try:
                     line = raw.decode("utf-8-sig" if n == 1 else "utf-8").removesuffix("\n").removesuffix("\r")
                 except UnicodeDecodeError as e:
+                    if n == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte-order mark, as Windows writes
+                        mark = " ".join(f"{b:02X}" for b in raw[:2])
+                        raise UserError(f"{name}: UTF-16 (its byte-order mark {mark}), not UTF-8: save it as UTF-8 "
+                                        f"(iconv -f UTF-16 -t UTF-8 {name})") from None
                     raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
                 if not jsonl:
                     yield line
@@ -325,11 +329,45 @@ def _batches(texts, max_chars: int):
 HOLDOUT_SEED = 70
 
 
-def held_out(corpus: Corpus, share: float) -> np.ndarray:
-    """--holdout-docs: the indices of that share of the corpus's documents (at least one), the same on every rank,
-    on resume and for every --seed."""
-    count = min(len(corpus), max(1, round(share * len(corpus))))
-    return np.sort(np.random.default_rng(HOLDOUT_SEED).permutation(len(corpus))[:count])
+def held_out(corpus: Corpus, share: float, by_place: bool = False) -> np.ndarray:
+    """--holdout-docs: the indices of the documents held out, the same on every rank, on resume and for every --seed.
+    A document is held out by its content: where a hash of its tokens, read as a number in [0, 1), is below `share`
+    (at least one: the lowest), so that a file added to --data or taken from it never moves another document into
+    or out of the held-out set. by_place: as runs begun before issue 78 chose them, that share of the documents by
+    their place in the sorted file list (a file added moves others)."""
+    if by_place:
+        count = min(len(corpus), max(1, round(share * len(corpus))))
+        return np.sort(np.random.default_rng(HOLDOUT_SEED).permutation(len(corpus))[:count])
+    where = np.array([content_point(corpus, i) for i in range(len(corpus))])
+    docs = np.flatnonzero(where < share)
+    return docs if len(docs) or not len(corpus) else np.array([int(np.argmin(where))])
+
+
+def content_point(corpus: Corpus, i: int) -> float:
+    """Document i's place in [0, 1) by its content alone: a keyed hash of its tokens (HOLDOUT_SEED the key)."""
+    tokens = corpus.tokens[corpus.offsets[i]:corpus.offsets[i + 1]]
+    digest = hashlib.blake2b(tokens.tobytes(), digest_size=8, key=str(HOLDOUT_SEED).encode()).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def describe_files(paths) -> list[list]:
+    """The files behind --data as a run records them in its checkpoints: [path, size, time] each (what the tokenised
+    corpus's cache key is made of), to tell on --resume whether they are still what the run trained on."""
+    out = []
+    for f in list_files(paths):
+        st = f.stat()
+        out.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def what_changed(before: list[list], now: list[list]) -> str:
+    """describe_files' two answers compared, in words: the files added, removed and changed (size or time), with the
+    first of each; "" where nothing changed."""
+    old, new = {p: (s, t) for p, s, t in before}, {p: (s, t) for p, s, t in now}
+    kinds = {"added": sorted(set(new) - set(old)), "removed": sorted(set(old) - set(new)),
+             "changed": sorted(p for p in set(old) & set(new) if old[p] != new[p])}
+    return "; ".join(f"{len(files)} {kind} ({Path(files[0]).name}{', ...' if len(files) > 1 else ''})"
+                     for kind, files in kinds.items() if files)
 
 
 def also_in(corpus: Corpus, other: Corpus) -> np.ndarray:

@@ -41,7 +41,7 @@ from support.cli import Progress, UserError, say
 from support.device import prefetched
 from support.files import read_json, write_atomic, write_json
 from support.processes import Process, made_once
-from support.runs import LOCK, layout, lock_run_folder, release_run_folders, restarted
+from support.runs import LOCK, holds, layout, lock_run_folder, release_run_folders, restarted
 from support.stopping import StopOnSigterm, Terminated
 
 HOST = socket.gethostname().split(".")[0] or "host"
@@ -132,18 +132,23 @@ class Job:
         try:
             return json.dumps(self._resumed() if resume else self._fresh())
         except BaseException:
-            if not resume:  # a job that never began leaves nothing behind
+            # A job that never began leaves nothing behind; but only the job that holds the folder's lock may
+            # remove it: a job refused at the lock leaves the other's, which another embed.py may have begun in the
+            # same instant, as it is
+            if not resume and holds(folder):
+                release_run_folders()
                 shutil.rmtree(folder, ignore_errors=True)
             raise
 
     def _fresh(self) -> dict:
         cfg, folder = self.cfg, self.folder
-        if folder.is_dir():  # --overwrite of a partial job: its blocks go, its lock (held here) stays
-            for p in folder.iterdir():
-                if p.name != LOCK:
-                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+        # The folder locked before anything in it changes: two jobs started at one instant both find no folder,
+        # and the one refused here must not have touched what the other has begun
         folder.mkdir(exist_ok=True)
         lock_run_folder(folder, said_as=f"--output {self.out}")
+        for p in folder.iterdir():  # --overwrite of a partial job: its blocks go, its lock (held here) stays
+            if p.name != LOCK:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
         copies = embedding.spooled(cfg.inputs, folder, cfg.text_field)
         rows, chars = embedding.count_rows(cfg.inputs, copies, cfg.text_field)
         if rows == 0:

@@ -126,11 +126,12 @@ class EvalDocuments(NamedTuple):
     flag: str  # the flag that gave them, to start a line about them
 
 
-def eval_documents(cfg, tok, proc: Process, corpus: Corpus) -> EvalDocuments | None:
-    """--holdout-docs: a share of the run's own documents, the same on every rank and on resume; --eval-docs: other
-    files, tokenised as the run's are, a document that is also a training document said, counted and left out."""
+def eval_documents(cfg, tok, proc: Process, corpus: Corpus, by_place: bool = False) -> EvalDocuments | None:
+    """--holdout-docs: a share of the run's own documents, chosen by their content, the same on every rank and on
+    resume (by_place: a run begun before they were, as it chose them); --eval-docs: other files, tokenised as the
+    run's are, a document that is also a training document said, counted and left out."""
     if cfg.holdout_docs:
-        docs = held_out(corpus, cfg.holdout_docs)
+        docs = held_out(corpus, cfg.holdout_docs, by_place=by_place)
         return EvalDocuments(corpus, docs, docs, f"--holdout-docs {cfg.holdout_docs}")
     if not cfg.eval_docs:
         return None
@@ -138,6 +139,10 @@ def eval_documents(cfg, tok, proc: Process, corpus: Corpus) -> EvalDocuments | N
     if len(other) == 0:
         raise UserError(f"--eval-docs {' '.join(cfg.eval_docs)}: no documents in them ({other.meta['summary']})")
     shared = also_in(other, corpus)
+    if len(shared) == len(other):
+        raise UserError(f"--eval-docs {' '.join(cfg.eval_docs)}: every one of its {len(other):,} documents is also a "
+                        f"training document (--data), and held-out retrieval needs documents the run never trains "
+                        f"on: name others, or keep a share of --data out with --holdout-docs")
     if len(shared) and proc.rank == 0:
         say(f"--eval-docs: {len(shared):,} of its {len(other):,} documents are also training documents; left out of "
             f"the evaluation", file=sys.stderr)
@@ -152,3 +157,37 @@ def gather_rows(rows: np.ndarray) -> np.ndarray:
     return np.concatenate(parts)
 
 
+
+
+def same_weights(model, opt, step: int) -> list[str]:
+    """DDP assumes every rank holds the same weights and never checks: on a CPU a rank's update can round otherwise
+    (issue 78 saw one rank's word embeddings a unit in the last place off another's after a step from equal states).
+    A checksum of each parameter on each rank, exact (its bits summed as integers), gathered in one collective; the
+    ranks that differ from rank 0 said in one line, and rank 0's weights and optimizer state broadcast to every rank,
+    so that a long run cannot drift. Returns the names of the parameters that differed (on every rank alike)."""
+    params = list(model.named_parameters())
+    sums = torch.stack([bits_sum(p.detach()) for _, p in params])  # (parameters,)
+    every = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, sums)
+    apart = [r for r in range(1, len(every)) if not torch.equal(every[r], every[0])]
+    if not apart:
+        return []
+    differ = sorted({params[i][0] for r in apart for i in torch.nonzero(every[r] != every[0]).flatten().tolist()})
+    say(f"warning: step {step}: rank(s) {', '.join(map(str, apart))} held weights that differed from rank 0's "
+        f"({len(differ)} parameter(s), the first {differ[0]}); rank 0's weights and optimizer state now on every rank",
+        file=sys.stderr)
+    with torch.no_grad():
+        for _, p in params:
+            dist.broadcast(p.data, src=0)
+            for value in opt.state.get(p, {}).values():
+                if torch.is_tensor(value):
+                    dist.broadcast(value, src=0)
+    return differ
+
+
+def bits_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor's bits read as integers (int64, wrapping): equal tensors give equal sums, whatever order
+    the sum runs in; one bit apart, unequal."""
+    flat = t.contiguous().flatten()
+    ints = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+    return ints.to(torch.int64).sum()

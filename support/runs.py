@@ -28,7 +28,7 @@ import torch
 
 from support.card import BEST_BY
 from support.cli import UserError, first_line, flag, say
-from support.corpus import data_files
+from support.corpus import data_files, describe_files, what_changed
 from support.demo import demo_config
 from support.device import device_name
 from support.files import make_dirs, remove_stale_temporaries, write_atomic
@@ -41,6 +41,8 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
     out: str = flag("", "checkpoints, metrics.jsonl, and the final model in out/model; empty: runs/declutr (runs/demo)")
     resume: bool = flag(False, "continue the newest checkpoint in out (runs/declutr or runs/demo) as it was configured")
     any_world_size: bool = flag(False, "--resume on other processes than the run had (every later step then differs)")
+    changed_data: bool = flag(False, "--resume though the files behind --data changed since the run's checkpoint "
+                                     "(said in one line)")
     overwrite: bool = flag(False, "start afresh in an out that holds an earlier run")
     log_every: int = flag(10, "steps between log lines (metrics.jsonl has every step)", low=1)
     eval_data: str = flag("", "STS-B folder or sts-dev.csv: dev Spearman at every eval, best model kept in out/best")
@@ -196,6 +198,11 @@ def lock_run_folder(out: Path, probe: bool = False, said_as: str = ""):
     _held[key] = f
 
 
+def holds(out: Path) -> bool:
+    """Whether this process holds the run folder's lock (lock_run_folder's)."""
+    return str(out.resolve()) in _held
+
+
 def release_run_folders():
     """Give up every run folder this process holds (a run's end; the process's end does the same)."""
     for f in _held.values():
@@ -239,6 +246,8 @@ def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
     def decide() -> str:
         nonlocal resume_from
         out, resume_from = start_point(cfg, load_model, restart)
+        if resume_from and not restart:  # rank 0's files, as its checkpoints recorded them
+            check_documents(resume_from, out, cfg.changed_data)
         return f"{out}\n{resume_from.step if resume_from else ''}"
 
     out, step = made_once(proc, "run-folder", decide).split("\n")
@@ -335,6 +344,25 @@ def machines(resume_from: Resume | None, proc: Process, dtype: torch.dtype | Non
     dtype = str(dtype or torch.float32).removeprefix("torch.")
     return [*[m for m in earlier if m["from_step"] < step],
             {"from_step": step, **layout(proc.world), "device": device_name(proc.device), "dtype": dtype}]
+
+
+def check_documents(resume_from: Resume, out: Path, allowed: bool):
+    """A run resumed on other documents than it trained on (a file added, removed or changed behind --data, whose
+    cache key then says so) would go on with another corpus, and --holdout-docs with documents it may have trained
+    on: refused, or said once when allowed. A checkpoint from before this was stored: as it is."""
+    before = resume_from.state.get("documents")
+    if before is None:
+        return
+    config = resume_from.state["config"]
+    changed = what_changed(before, describe_files(config["data"]))
+    if not changed:
+        return
+    if not allowed:
+        raise UserError(f"{out}: the files behind --data changed since the run's checkpoint ({changed}): its steps "
+                        f"from here would train on other documents; put them back as they were, or pass "
+                        f"--changed-data to go on with them", code=2)
+    say(f"warning: {out}: the files behind --data changed since the run's checkpoint ({changed}); going on with "
+        f"them (--changed-data)", file=sys.stderr)
 
 
 def check_world(resume_from: Resume, world: int, out: Path, allowed: bool):

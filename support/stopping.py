@@ -26,7 +26,8 @@ class Terminated(Exception):
 
 class StopOnSigterm:
     """SIGTERM handled as Ctrl-C is, but using the grace period a scheduler gives: in training, the step under way
-    ends, every rank agrees to stop after it, and it is checkpointed; before training, the run stops at once."""
+    ends, every rank agrees to stop after it, and it is checkpointed; before training and during an evaluation, the
+    run stops at once (an evaluation can take longer than a scheduler's grace, and changes no weight)."""
 
     def __init__(self):
         self.asked = self.training = False
@@ -35,6 +36,18 @@ class StopOnSigterm:
         if not self.training:
             raise Terminated
         self.asked = True
+
+    @contextlib.contextmanager
+    def at_once(self):
+        """An evaluation: a SIGTERM stops it where it is, on every rank (each is sent one; one that waits inside a
+        collective for another is ended by watch_set_up's thread within its grace), the last checkpoint as it was."""
+        if self.asked:  # the signal came during the step before: the run stops now
+            raise Terminated
+        training, self.training = self.training, False
+        try:
+            yield
+        finally:
+            self.training = training
 
 
 class Life:

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from support import card, demo, metrics, runs, stopping
 from support.device import autocast_dtype, say_compiled
-from support.processes import Process
+from support.processes import Process, same_weights
 from support.workers import prefetched_batches
 
 
@@ -44,6 +44,7 @@ class Run:
     loader: object = None  # the batches' iterator, while the loop runs
     stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
     before: metrics.Figures | None = None  # the step before, whose numbers are read once the next is on its way
+    documents: list = field(default_factory=list)  # the files behind --data (support.corpus.describe_files)
 
     def begin(self, resume_from, evaluate, lr_at, most_steps: int):
         """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
@@ -69,7 +70,8 @@ class Run:
         self.stop.training = True
         self.log = metrics.Log(self, self.cfg.log_every, self.cfg.tensorboard)  # close() closes it
         if self.evaluate and self.step == 0:  # the start's score, beside the run's (every rank shares the work)
-            start = {"step": 0, **self.evaluate(True)}
+            with self.stop.at_once():
+                start = {"step": 0, **self.evaluate(True)}
             if self.proc.rank == 0:
                 self.log.write(start)
         # Resuming at step k needs nothing of the steps before k (sampler.SpanBatches); close() ends the workers
@@ -111,7 +113,7 @@ class Run:
         contrastive, mlm, gnorm, stop = figures.read()
         stopping.check_finite(self, contrastive + mlm, figures.step)
         rec = self.log.record(figures.step, figures.lr, contrastive, mlm, gnorm, figures.tokens)
-        if evaluate:
+        if evaluate and not stop:  # a step the ranks stop after is checkpointed at once, not evaluated
             self.score_and_keep_best(rec)
         if self.proc.rank == 0:  # every step into out/metrics.jsonl, every --log-every steps a line
             self.log.write(rec)
@@ -120,7 +122,8 @@ class Run:
     def score_and_keep_best(self, rec: dict):
         """The evaluation's figures into the record (rank 0 writes it), and the best model so far by --best-by's kept
         in out/best."""
-        rec.update(self.evaluate(False))  # dropout off (embed.encode's)
+        with self.stop.at_once():  # SIGTERM stops an evaluation where it is
+            rec.update(self.evaluate(False))  # dropout off (embed.encode's)
         key = self.cfg.best_key
         if self.proc.rank == 0 and rec.get(key) is not None and rec[key] > self.best:
             self.best = rec[key]
@@ -134,10 +137,14 @@ class Run:
 
     def save_checkpoint(self):
         """out/checkpoints/step-NNNNNNNN, written by rank 0 while the others wait: the model in Hugging Face layout,
-        and train_state.pt (optimizer, step, config)."""
+        and train_state.pt (optimizer, step, config). Under torchrun every rank's weights are first checked against
+        rank 0's, which go to every rank where they differ (support.processes.same_weights)."""
+        if self.proc.world > 1:
+            same_weights(self.encoder, self.opt, self.step)
         if self.proc.rank == 0:
             state = {"optimizer": self.opt.state_dict(), "step": self.step, "config": asdict(self.cfg),
-                     "best": self.best, "processes": runs.layout(self.proc.world), "machines": self.machines}
+                     "best": self.best, "processes": runs.layout(self.proc.world), "machines": self.machines,
+                     "documents": self.documents, "held_out_by": "content"}
             if self.scaler.is_enabled():
                 state["scaler"] = self.scaler.state_dict()
             self.latest_checkpoint = runs.write_checkpoint(  # whole, whatever the other ranks do next

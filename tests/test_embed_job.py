@@ -396,3 +396,38 @@ def test_a_record_line_cut_short_by_a_kill_is_not_a_block(tmp_path):
     (tmp_path / embed_job.part_name(2)).write_text("{}\n")
     assert embed_job.recorded(tmp_path, 5, npy=False) == {2}
     assert embed_job.blocks_by_rank(tmp_path) == "2, 2"
+
+
+# Two embed.py processes that meet in the job's preparation: each waits for the same instant inside it, after finding
+# no job folder, and both then go to make one (a real start meets there 1 time in 4 with 100,000 lines)
+SAME_INSTANT = """
+import sys, time
+import support.embed_job as job
+fresh, at = job.Job._fresh, float(sys.argv[1])
+def met(self):
+    time.sleep(max(0.0, at - time.time()))
+    return fresh(self)
+job.Job._fresh = met
+import embed
+embed.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.slow
+def test_two_jobs_started_at_one_instant_one_refused_the_other_untouched(tmp_path, tiny, small, reap):  # noqa: F811
+    """Two embed.py into one --output that find no job folder at the same instant, three times: exactly one is refused
+    (another run is using it), and the other writes its whole output, the naive one process's rows. Before the fix
+    the refused one removed the folder, the other's lock and job.json with it, and both died."""
+    expected = np.load(small / "one.npy")
+    for round in range(3):
+        out = tmp_path / f"out{round}.npy"
+        at = f"{time.time() + 4:.3f}"  # both started, their models loaded, well before
+        procs = [reap([sys.executable, "-c", SAME_INSTANT, at, *args(tiny, small, out)], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
+        ends = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+        codes = sorted(code for code, _ in ends)
+        refused = [err for code, err in ends if code == 1]
+        assert codes == [0, 1], ends
+        assert "another run is using it" in refused[0].strip().splitlines()[-1], refused
+        np.testing.assert_array_equal(np.load(out), expected)
+        assert not embed_job.job_folder(out).exists()

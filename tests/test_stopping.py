@@ -266,3 +266,48 @@ def test_a_rank_killed_in_any_collective_is_one_line_from_the_other(tmp_path, do
     if point == "checkpoint":
         [ckpt] = runs.checkpoints(tmp_path / "r")
         assert runs.read_train_state(ckpt)["step"] == 2 and ckpt.name in ours[0]
+
+
+@pytest.mark.slow
+def test_sigterm_inside_an_evaluation_ends_the_run_at_once(tmp_path, docs):
+    """SIGTERM to torchrun while its 2 ranks evaluate the start (held-out spans, made 30 s slow): the run stops where
+    it is, within 3 s of grace and the processes' own exit, trains no step and writes no checkpoint, saying so (it
+    trained two more steps and took 10 s). Then, one process, a SIGTERM inside a later evaluation (step 2's): the run
+    ends at once, its last checkpoint the one before (step 1's)."""
+    def launch(cmd, **env):
+        return subprocess.Popen(cmd, start_new_session=True, preexec_fn=default_sigint, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env})
+
+    slow = str(ROOT / "tests" / "slow_eval.py")
+    p = launch(torchrun("--nproc_per_node=2", "--master_port", str(free_port()), slow,
+                        *run_args(docs, tmp_path / "two", "--holdout-docs", "0.25", "--steps", "4")),
+               SLOW_EVAL_SECONDS="30")
+    out = wait_for(p, "evaluation 0", 120)
+    time.sleep(1)  # every rank inside it
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out += p.communicate(timeout=60)[0]
+    took = time.time() - t0
+    assert p.returncode != 0 and took < 6, (took, out[-3000:])
+    assert "terminated (SIGTERM) after step 0; last checkpoint: none" in out, out[-3000:]
+    assert not list((tmp_path / "two").glob("checkpoints/step-*")) and gone_within(p.pid, 10) == []
+    p = launch([sys.executable, slow, *run_args(docs, tmp_path / "one", "--holdout-docs", "0.25", "--steps", "4",
+                                               "--eval-every", "2", "--ckpt-every", "1")],
+               SLOW_EVAL_SECONDS="30", SLOW_EVAL_FROM="1")  # the start's evaluation quick, step 2's slow
+    out = wait_for(p, "evaluation 1", 120)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out += p.communicate(timeout=60)[0]
+    assert p.returncode == 143 and time.time() - t0 < 3, out[-3000:]
+    assert "terminated (SIGTERM) after step 2; last checkpoint:" in out and "step-00000001" in out, out[-3000:]
+    assert [c.name for c in runs.checkpoints(tmp_path / "one")] == ["step-00000001"]
+
+
+def wait_for(p, text: str, seconds: float) -> str:
+    """A process's output until it says `text` (or ends, or `seconds` pass)."""
+    out, t0 = "", time.time()
+    while text not in out and p.poll() is None and time.time() - t0 < seconds:
+        out += p.stdout.readline()
+    assert text in out, out[-3000:]
+    return out

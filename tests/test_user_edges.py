@@ -18,7 +18,7 @@ import evaluate_sts as V
 import model as M
 import sampler as S
 import train as T
-from conftest import ROOT
+from conftest import ROOT, run_here
 from support.cli import cli
 from support.corpus import list_files, prepare_corpus
 from support.sts_files import find_tasks, load_stsb_dev
@@ -245,3 +245,16 @@ def test_data_that_is_not_a_file_says_what_it_is(tmp_path, data):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f": is a {kind}, not a file of documents;" in r.stderr and "save it to a file first" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_utf16_file_is_named_by_its_byte_order_mark(tmp_path, tiny):
+    """embed.py on a file saved as UTF-16 (little- or big-endian, a byte-order mark first, as Windows' Notepad and
+    PowerShell write): one line naming the encoding and its mark, and how to convert it, not the position of an
+    invalid start byte; no output written."""
+    for codec, mark in (("utf-16-le", "FF FE"), ("utf-16-be", "FE FF")):
+        path = tmp_path / f"{codec}.txt"
+        path.write_bytes(("\ufeff" + "a cat sat\non the mat\n").encode(codec))
+        r = run_here(E.main, "--model", tiny, path, "--output", tmp_path / "e.npy")
+        assert r.returncode == 1 and r.stderr == (f"error: {path}: UTF-16 (its byte-order mark {mark}), not UTF-8: "
+                                                  f"save it as UTF-8 (iconv -f UTF-16 -t UTF-8 {path})\n"), r.stderr
+        assert not (tmp_path / "e.npy").exists()
