@@ -368,7 +368,8 @@ def evaluate(cfg: EvalConfig):
             found = span_retrieval(model, tok, *spans, dtype=dtype, batch_tokens=cfg.batch_tokens)
             found["cut"] = retrieval.longer_than(tok, spans[0] + spans[1], window(model) - 2)
             results[name]["SPANS"] = found
-        progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - t0:.0f}s")
+        scored_tasks = len(tasks) + (1 if spans else 0)
+        progress.note(f"{name}: {scored_tasks} tasks in {time.time() - t0:.0f}s")
     if spans:
         words = retrieval.word_overlap(*spans)
         results |= {f"{retrieval.NAMES[k]} (words)": {"SPANS": words[k]} for k in ("bm25", "tfidf")}

@@ -698,17 +698,7 @@ def versus_sentence_transformers(check: Check):
     if dtype == torch.bfloat16:
         st_bf16 = SentenceTransformer(str(folder), device=str(check.dev)).bfloat16()
         arms["sentence_transformers_bf16"] = lambda: st_bf16.encode(texts, convert_to_numpy=True)
-    out, times = {}, {name: [] for name in arms}
-    for name, arm in arms.items():  # a first pass each: what they set up once is not timed
-        out[name] = arm()
-    for _ in range(1 if check.dry else 3):  # the arms alternate: both see the same machine
-        for name, arm in arms.items():
-            check.sync()
-            t = time.perf_counter()
-            arm()
-            check.sync()
-            times[name].append(time.perf_counter() - t)
-    per_s = {name: len(texts) / float(np.median(t)) for name, t in times.items()}
+    out, _, per_s = alternating(check, arms, len(texts))
     ours, theirs = out["declutr"], out["sentence_transformers"]
     cosine = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
     check.record("j", model=what, sentences=len(texts), declutr_dtype=str(dtype), sentences_per_s=per_s,
@@ -716,6 +706,26 @@ def versus_sentence_transformers(check: Check):
                  **({"ratio_vs_sentence_transformers_bf16": per_s["declutr"] / per_s["sentence_transformers_bf16"]}
                     if "sentence_transformers_bf16" in per_s else {}),
                  min_cosine=float(cosine.min()), passed=float(cosine.min()) >= 0.999)
+
+
+def alternating(check: Check, arms: dict, items: int) -> tuple[dict, dict, dict]:
+    """Each arm once, untimed but for its own seconds (what it sets up once: a compiled graph's build), then 3 timed
+    passes (1 in a dry run), the arms alternating so that all see the same machine: (each arm's output, its first
+    pass's seconds, its items/s by the median pass)."""
+    out, first, times = {}, {}, {name: [] for name in arms}
+    for name, arm in arms.items():
+        t = time.perf_counter()
+        out[name] = arm()
+        check.sync()
+        first[name] = time.perf_counter() - t
+    for _ in range(1 if check.dry else 3):
+        for name, arm in arms.items():
+            check.sync()
+            t = time.perf_counter()
+            arm()
+            check.sync()
+            times[name].append(time.perf_counter() - t)
+    return out, first, {name: items / float(np.median(t)) for name, t in times.items()}
 
 
 def compiled_embedding(check: Check):
@@ -730,22 +740,11 @@ def compiled_embedding(check: Check):
     # embed.py dropped --compile: on a 2-core CPU it never paid (docs/measurements.md). This is the figure that
     # could bring it back on a GPU: inductor for batches of every shape, the graphs built in the first pass
     compiled = torch.compile(enc, dynamic=True)
-    arms = {"eager": enc, "compiled": compiled}
-    out, times, first = {}, {name: [] for name in arms}, {}
+    arms = {name: functools.partial(embed.encode, texts, m, tok, dtype=dtype)
+            for name, m in (("eager", enc), ("compiled", compiled))}
     # A CPU (the dry run) runs its batches one at a time: a graph built in one thread waits on the others forever
     with threads.cpu_threads(1) if check.dev.type == "cpu" else contextlib.nullcontext():
-        for name, m in arms.items():
-            t = time.perf_counter()
-            out[name] = embed.encode(texts, m, tok, dtype=dtype)
-            first[name] = time.perf_counter() - t
-        for _ in range(1 if check.dry else 3):  # alternating, past the first pass
-            for name, m in arms.items():
-                check.sync()
-                t = time.perf_counter()
-                embed.encode(texts, m, tok, dtype=dtype)
-                check.sync()
-                times[name].append(time.perf_counter() - t)
-    per_s = {name: len(texts) / float(np.median(t)) for name, t in times.items()}
+        out, first, per_s = alternating(check, arms, len(texts))
     a, b = out["compiled"], out["eager"]
     cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     check.record("k", model=what, sentences=len(texts), dtype=str(dtype), sentences_per_s=per_s,
