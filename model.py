@@ -478,6 +478,7 @@ def load_pretrained(name: str, quiet: bool = False):
     model, tensors = Encoder(config), hub.read_safetensors(d, config.prefix)
     head_missing = hub.load_state(model.state_dict(), hf_key_map(config), tensors, str(d),
                                   optional="mlm.")
+    model.fresh_head = bool(head_missing)  # train.py says what it costs when MLM is on
     if head_missing:  # a bare encoder (all-MiniLM-L6-v2): §3.3's MLM needs a head, made as BERT's
         model.init_weights(torch.Generator().manual_seed(0), head_only=True)
         if not quiet:

@@ -19,6 +19,7 @@ run starts and stops are support/'s.
 """
 import contextlib
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,7 @@ from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
 from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
-from support.cli import UserError, cli, flag, given_fields, parse_config
+from support.cli import UserError, cli, flag, given_fields, parse_config, say
 from support.corpus import describe_files
 from support.device import (
     autocast_dtype,
@@ -345,7 +346,14 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     elif demo.scratch_name(cfg.model):
         encoder, tok = demo.scratch_model(cfg, proc, scratch_encoder)
     else:
-        encoder, tok = load_pretrained(cfg.model)
+        encoder, tok = load_pretrained(cfg.model, quiet=True)
+        if encoder.fresh_head and cfg.mlm:
+            # From a sentence encoder that ships no head (all-MiniLM-L6-v2), MLM's first gradients
+            # are a random head's, and its masked anchors inputs the encoder never saw: on held-out
+            # books it ended below its start where contrastive alone rose (docs/ablation.md)
+            say(f"{cfg.model}: no MLM head in the checkpoint, a fresh one made; from a "
+                f"sentence encoder, --no-mlm did better on held-out documents "
+                f"(docs/ablation.md)", file=sys.stderr)
     encoder.to(proc.device).train()
     # On an Ampere or later GPU, fp32's matrix products in TF32 (inputs rounded to 10 bits, sums in
     # fp32): several times faster, and what bf16 autocast leaves in fp32 (loss.py's similarities)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import loss as L
 import model as M
@@ -180,6 +180,22 @@ def run_args(docs, out, *extra):
     return ["--model", "scratch:tiny", "--data", str(docs), "--out", str(out), "--docs-per-step", "4",
             "--min-span", "8", "--max-span", "32", "--workers", "0", "--log-every", "1",
             "--cache-dir", str(out.parent / "cache"), *extra]
+
+
+def test_a_bare_encoder_trained_with_mlm_says_what_its_fresh_head_costs(tmp_path, docs, tiny, capsys):
+    """A checkpoint with no MLM head, as a sentence encoder ships: with MLM on, one line on stderr says a head was
+    made and that --no-mlm did better from a sentence encoder; with --no-mlm, or a checkpoint with its head, none."""
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny, bare)
+    head = load_file(bare / "model.safetensors")
+    save_file({k: v for k, v in head.items() if not k.startswith("lm_head.")}, bare / "model.safetensors")
+    lines = {}
+    for name, model, extra in [("mlm", bare, []), ("no-mlm", bare, ["--no-mlm"]), ("head", tiny, [])]:
+        T.main(run_args(docs, tmp_path / name, "--model", str(model), "--steps", "1", *extra))
+        lines[name] = [line for line in capsys.readouterr().err.splitlines() if "MLM head" in line]
+    assert lines["mlm"] == [f"{bare}: no MLM head in the checkpoint, a fresh one made; from a sentence encoder, "
+                            "--no-mlm did better on held-out documents (docs/ablation.md)"]
+    assert lines["no-mlm"] == lines["head"] == []
 
 
 def trace(out):
