@@ -265,9 +265,8 @@ def prepare_corpus(paths, tok, cache: str = "", clean: bool = True, field: str =
     # The cache key: the tokenizer, the cleaning, the text's field where it is not "text", each file's path, size, time
     key = hashlib.sha256(tok.to_str().encode() + (b"clean" if clean else b"raw")
                          + (b"" if field == "text" else f"\0field={field}".encode()))
-    for f in files:
-        st = f.stat()
-        key.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for path, size, mtime in map(file_stamp, files):
+        key.update(f"{path}\0{size}\0{mtime}\n".encode())
     root = writable_cache(cache)
     remove_stale_temporaries(root)  # what a preparation that was killed left
     out = root / f"corpus-{key.hexdigest()[:20]}"
@@ -353,11 +352,13 @@ def content_point(corpus: Corpus, i: int) -> float:
 def describe_files(paths) -> list[list]:
     """The files behind --data as a run records them in its checkpoints: [path, size, time] each (what the tokenised
     corpus's cache key is made of), to tell on --resume whether they are still what the run trained on."""
-    out = []
-    for f in list_files(paths):
-        st = f.stat()
-        out.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
-    return out
+    return [file_stamp(f) for f in list_files(paths)]
+
+
+def file_stamp(f: Path) -> list:
+    """[path, size, time] of one file: what tells that it changed, to the corpus's cache key and to --resume."""
+    st = f.stat()
+    return [str(f.resolve()), st.st_size, st.st_mtime_ns]
 
 
 def what_changed(before: list[list], now: list[list]) -> str:

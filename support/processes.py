@@ -157,8 +157,6 @@ def gather_rows(rows: np.ndarray) -> np.ndarray:
     return np.concatenate(parts)
 
 
-
-
 def same_weights(model, opt, step: int) -> list[str]:
     """DDP assumes every rank holds the same weights and never checks: on a CPU a rank's update can round otherwise
     (issue 78 saw one rank's word embeddings a unit in the last place off another's after a step from equal states).
