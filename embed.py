@@ -199,11 +199,14 @@ def embed_files(cfg: EmbedConfig, argv=None):
     device, dtype = device_and_dtype(asked, cfg.dtype)
     model, tok = load_pretrained(cfg.model, quiet=True)
     model.to(device)
-    # On a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
-    if cfg.onednn:
+    # On a CPU in bf16, the layers' products as oneDNN's, weights laid out once, where this
+    # processor runs them (support/cpu_layers.py; in fp32 they gave nothing)
+    swap, why_not = cpu_layers.chosen(device, dtype)
+    if cfg.onednn and swap:
         model = cpu_layers.swap_in(model, dtype)
     # What runs, said in the job's first line: the device, the precision (and why), the layers
-    runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model))
+    runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model),
+                   why_not if cfg.onednn else "")
     length = window(model)
     with embed_job.started(cfg, proc, model, device=device, dtype=dtype, max_tokens=length,
                            argv=argv, runs=runs) as job:

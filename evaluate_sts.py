@@ -351,11 +351,14 @@ def evaluate(cfg: EvalConfig):
         t0 = time.time()
         model, tok = load_pretrained(name, quiet=True)
         model.to(device)
-        # On a CPU, the layers' products as oneDNN's, weights laid out once (support/cpu_layers.py)
-        if cfg.onednn:
+        # On a CPU in bf16, the layers' products as oneDNN's, weights laid out once, where this
+        # processor runs them (support/cpu_layers.py; in fp32 they gave nothing)
+        swap, why_not = cpu_layers.chosen(device, dtype)
+        if cfg.onednn and swap:
             model = cpu_layers.swap_in(model, dtype)
         # What runs, said in the model's first line: the device, the precision (and why), the layers
-        runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model))
+        runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model),
+                       why_not if cfg.onednn else "")
         scored = ", ".join([*tasks, *(["SPANS"] if spans else [])])
         progress = Progress("evaluate", f"{name} on {scored}, {runs}")
         cache = {}  # each sentence embedded once, then quantised for each --output-dtype

@@ -9,9 +9,9 @@ Weights come and go as Hugging Face safetensors through an explicit name map, so
 sentence-transformers load ours unchanged (hub downloads and file formats: support/hub.py).
 
 The forward below is what runs: in training, on a GPU, in fp32 and in bf16. One swap, made in one
-visible line of embed.py and of evaluate_sts.py, nowhere else: on a CPU, for inference, the layers'
-linear products become oneDNN's, their weights laid out once and BERT's GELU applied inside the up
-product (support/cpu_layers.py; `--no-onednn` keeps the layers below).
+visible line of embed.py and of evaluate_sts.py, nowhere else: on a CPU in bf16, for inference, the
+layers' linear products become oneDNN's, their weights laid out once and BERT's GELU applied inside
+the up product (support/cpu_layers.py; `--no-onednn` keeps the layers below).
 
     python model.py info distilroberta-base   # download to $HF_HOME/hub once, load, print its shape
     python model.py info path/to/checkpoint   # the same for a local Hugging Face folder

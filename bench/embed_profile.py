@@ -31,7 +31,7 @@ from _measure import dense_flops, peak, processor  # noqa: E402 (bench/_measure.
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
 from support import cpu_layers  # noqa: E402
-from support.cli import UserError, bench  # noqa: E402
+from support.cli import UserError, bench, shared_assets  # noqa: E402
 from support.device import device_and_dtype  # noqa: E402
 from support.threads import default_threads  # noqa: E402
 
@@ -92,7 +92,7 @@ def op_kinds(model, tok, texts, dtype) -> dict:
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--lines", type=int, default=45_992)
     ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
     ap.add_argument("--threads", type=int, default=0,
@@ -110,7 +110,8 @@ def main():
     t = time.perf_counter()
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
     device, dtype = device_and_dtype("cpu", a.dtype)
-    model = cpu_layers.swap_in(model, dtype)  # as embed.py does
+    if cpu_layers.chosen(device, dtype)[0]:  # as embed.py does
+        model = cpu_layers.swap_in(model, dtype)
     wall["model load"] = time.perf_counter() - t
     t = time.perf_counter()
     rows = stsb.read_text(encoding="utf-8").splitlines()

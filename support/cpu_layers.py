@@ -9,6 +9,11 @@ casts and lays it out again at every call; and BERT's and RoBERTa's feed-forward
 product, to the fp32 sums before they are rounded: one pass fewer over the widest activations of the layer, and one
 rounding. Attention, the LayerNorms and the residual sums run as model.py writes them. The figures:
 docs/measurements.md (all-MiniLM-L6-v2, a whole embed.py process on an AMX Xeon: 1.16x model.py's own layers).
+
+Swapped in where it runs and pays (chosen()): in bf16, on a processor whose oneDNN runs bf16 products (AVX-512 BW,
+VL and DQ, or AVX-NE-CONVERT; an AVX2-only one raises). In fp32 F.linear already calls the BLAS on the weight as it
+is, with nothing to lay out again, and the swap gave nothing: an AVX2-only AMD EPYC ran a whole embed.py process
+12% slower with it (docs/measurements.md).
 """
 import functools
 import sys
@@ -32,12 +37,40 @@ def available() -> bool:
     return ok
 
 
+def chosen(device: torch.device, dtype) -> tuple[bool, str]:
+    """(whether embed.py and evaluate_sts.py swap the layers in, why not where they do not): on a CPU, in bf16, where
+    this processor runs oneDNN's bf16 products."""
+    if device.type != "cpu":
+        return False, ""
+    if dtype != torch.bfloat16:
+        return False, "oneDNN's products pay in bf16 only"
+    if not available():
+        return False, f"torch {torch.__version__} lacks oneDNN's products"
+    if not runs_bf16():
+        return False, "oneDNN's bf16 products need AVX-512 or AVX-NE-CONVERT, not available here"
+    return True, ""
+
+
+@functools.cache
+def runs_bf16() -> bool:
+    """Whether oneDNN's bf16 product runs on this processor, as far as ONEDNN_MAX_CPU_ISA lets it: tried on a small
+    one (where it cannot, torch raises: "bf16 path needs the cpu support avx_ne_convert or avx512bw, ...")."""
+    try:
+        x = torch.ones(2, 16, dtype=torch.bfloat16)
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 16, dtype=torch.bfloat16), None)
+        torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
+
+
 def swap_in(model, dtype):
     """`model` for inference on a CPU in `dtype` (None: fp32; bf16): each of BERT's and RoBERTa's feed-forwards a
     PackedFeedForward, every other nn.Linear of the layers a PackedLinear; in place, the weights copied as oneDNN
-    lays them out. A GPU, fp16 or a torch without oneDNN's products: the model as it is."""
+    lays them out. A GPU, fp16, a torch without oneDNN's products, or bf16 where oneDNN cannot run it (runs_bf16):
+    the model as it is. Where the swap pays is chosen()'s."""
     on_cpu = next(model.parameters()).device.type == "cpu" and dtype in (None, torch.float32, torch.bfloat16)
-    if not on_cpu or not available():
+    if not on_cpu or not available() or (dtype == torch.bfloat16 and not runs_bf16()):
         return model
     dtype = dtype or torch.float32
     for layer in model.layers:

@@ -6,6 +6,7 @@ torch.compile built (torch's CPU threads: support/threads.py; oneDNN's layers on
 """
 import concurrent.futures
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 
@@ -69,15 +70,29 @@ class OnDevice:  # embed.py's and evaluate_sts.py's: a score is that of the embe
     device: str = flag("auto", "auto (a GPU if torch sees one, else the CPU), cpu, cuda, cuda:1 ...")
     threads: int = flag(0, "torch CPU threads; 0: the cores free when it starts (as train.py's)", low=0,
                         high=usable_cpus(), why="the CPUs this process may use")
-    onednn: bool = flag(True, "on a CPU, the layers' linear products as oneDNN's, weights laid out once and GELU "
-                              "inside (support/cpu_layers.py); --no-onednn: model.py's own layers, as written")
+    onednn: bool = flag(True, "on a CPU in bf16, where the processor runs them, the layers' linear products as "
+                              "oneDNN's, weights laid out once and GELU inside (support/cpu_layers.py); "
+                              "--no-onednn: model.py's own layers, as written")
+
+
+# oneDNN's instruction sets with bf16 products in hardware, as ONEDNN_MAX_CPU_ISA names them (its documentation);
+# capped below them (AVX2, AVX512_CORE, ...), oneDNN runs bf16 as a processor without them would
+BF16_ISAS = {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX",
+             "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT"}
 
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX, or AVX512-BF16); elsewhere oneDNN emulates it, about 400x
-    slower than fp32 (a 2048^2 matmul on an AVX2-only AMD EPYC: 0.27 against 113 GFLOP/s)."""
+    """Whether this CPU multiplies bf16 in hardware (AMX, or AVX512-BF16) and oneDNN may use it (ONEDNN_MAX_CPU_ISA,
+    as a test runs as a lesser processor); elsewhere oneDNN emulates it, about 400x slower than fp32 (a 2048^2
+    matmul on an AVX2-only AMD EPYC: 0.27 against 113 GFLOP/s)."""
     asks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch >= 2.5 can tell; 2.4 cannot: fp32
-    return any(getattr(torch.cpu, ask, lambda: False)() for ask in asks)
+    return not onednn_capped() and any(getattr(torch.cpu, ask, lambda: False)() for ask in asks)
+
+
+def onednn_capped() -> str:
+    """ONEDNN_MAX_CPU_ISA (or its older name) where it caps oneDNN below bf16's instructions, else ""."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL"
+    return "" if cap.upper() in BF16_ISAS else cap
 
 
 def autocast_dtype(name: str, device: torch.device, cpu_bf16: bool = False):
@@ -138,16 +153,17 @@ def device_and_dtype(device: str, dtype: str):
     return device, autocast_dtype(dtype, device, cpu_bf16=True)
 
 
-def runs_as(device: torch.device, dtype, asked: str, swapped: bool) -> str:
+def runs_as(device: torch.device, dtype, asked: str, swapped: bool, why_not: str = "") -> str:
     """What a forward runs, in one line (embed.py and evaluate_sts.py say it, as gpt-fast says its mode): the device,
     the precision and why --dtype auto chose it, and whether oneDNN's products were swapped in
-    (support/cpu_layers.py)."""
+    (support/cpu_layers.py), or why not (`why_not`, support.cpu_layers.chosen's)."""
     where = "the CPU" if device.type == "cpu" else f"{device} ({device_name(device)})"
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
     why = ""
     if asked == "auto" and device.type == "cpu":
         why = (" (--dtype auto: this CPU multiplies bf16, with AMX or AVX512-BF16)" if dtype else
-               " (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
+               f" (--dtype auto: ONEDNN_MAX_CPU_ISA={onednn_capped()} leaves oneDNN no bf16 instructions)"
+               if onednn_capped() else " (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
     elif asked == "auto":
         why = " (--dtype auto)"
     if device.type != "cpu":
@@ -155,7 +171,7 @@ def runs_as(device: torch.device, dtype, asked: str, swapped: bool) -> str:
     elif swapped:
         layers = ", oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
     else:
-        layers = ", model.py's layers as written"
+        layers = ", model.py's layers as written" + (f" ({why_not})" if why_not else "")
     return f"on {where} in {precision}{why}{layers}"
 
 

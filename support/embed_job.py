@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from support import embedding, quantize
+from support import cpu_layers, embedding, quantize
 from support.cli import Progress, UserError, say
 from support.device import prefetched
 from support.files import read_json, write_atomic, write_json
@@ -304,7 +304,8 @@ def rows_depend_on(cfg, model, device, dtype, max_tokens: int) -> dict:
             "--device": device.type, "--batch-tokens": cfg.batch_tokens, "--block": cfg.block, "--format": cfg.format,
             "--output-dtype": cfg.output_dtype, "the model's length": max_tokens,
             **({"--text-field": cfg.text_field} if cfg.text_field != "text" else {}),  # as jobs before it had none
-            **({"--no-onednn": True} if not cfg.onednn and device.type == "cpu" else {})}
+            # --no-onednn where it changes what runs (in bf16, where oneDNN's products would be swapped in)
+            **({"--no-onednn": True} if not cfg.onednn and cpu_layers.chosen(device, dtype)[0] else {})}
 
 
 def describe_inputs(inputs, copies: dict) -> list:

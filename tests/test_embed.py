@@ -147,6 +147,9 @@ def test_bf16_casts_each_weight_once_a_call_not_once_a_batch(tiny):
             c.num_hidden_layers and batches >= 5
         assert ops(model, group_by_input_shape=True)["aten::_to_copy"] == c.num_hidden_layers
     swapped = cpu_layers.swap_in(copy.deepcopy(model), torch.bfloat16)
+    if not cpu_layers.runs_bf16():  # an AVX2-only processor: nothing swapped, and nothing more to count
+        assert not cpu_layers.swapped(swapped)
+        return
     with cpu_threads(2):
         packed = ops(swapped)
     assert packed["mkldnn::_linear_pointwise"] == 4 * c.num_hidden_layers * batches
@@ -241,8 +244,12 @@ def test_cpu_layers_are_model_pys_layers(tiny, monkeypatch, capsys):
         fp32 = plain.layers[0](x, packing)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             autocast = plain.layers[0](x, packing)
-            swapped = cpu_layers.swap_in(copy.deepcopy(plain), torch.bfloat16).layers[0](x, packing)
+            in_bf16 = cpu_layers.swap_in(copy.deepcopy(plain), torch.bfloat16)
+            swapped = in_bf16.layers[0](x, packing)
     assert swapped.dtype == torch.float32 and (swapped - fp32).abs().mean() <= (autocast - fp32).abs().mean()
+    # bf16's products swapped in where this processor's oneDNN runs them, as torch itself tells (an AVX2-only
+    # processor raised "bf16 path needs the cpu support avx_ne_convert or avx512bw, ...")
+    assert cpu_layers.swapped(in_bf16) == cpu_layers.runs_bf16() == torch.ops.mkldnn._is_mkldnn_bf16_supported()
     modern = M.Encoder(M.ModelConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, model_type="modernbert", local_attention=8,
                                      global_attn_every_n_layers=2, global_rope_theta=1e4, local_rope_theta=1e4)).eval()
@@ -264,8 +271,9 @@ def test_cpu_layers_are_model_pys_layers(tiny, monkeypatch, capsys):
 
 
 def test_embed_and_evaluate_swap_in_the_cpu_layers_in_one_line_unless_told_not_to(tmp_path, tiny, monkeypatch):
-    """embed.py and evaluate_sts.py swap oneDNN's layers in once, after loading; --no-onednn runs model.py's own; the
-    rows are the naive loop's either way (fp32)."""
+    """embed.py and evaluate_sts.py swap oneDNN's layers in once, after loading, where cpu_layers.chosen says they
+    pay (made to say so here in fp32, whatever the processor, so that the rows compare with the naive loop's);
+    --no-onednn runs model.py's own; the rows are the naive loop's either way."""
     import evaluate_sts
 
     (tmp_path / "in.txt").write_text("a man plays a guitar\nthe cat sat on the mat\n\n" + "a dog barked " * 30 + "\n")
@@ -273,6 +281,7 @@ def test_embed_and_evaluate_swap_in_the_cpu_layers_in_one_line_unless_told_not_t
                                                   f"barked {'at ' * (i % 3)}\n" for i in range(12)))
     swaps, real = [], cpu_layers.swap_in
     monkeypatch.setattr(cpu_layers, "swap_in", lambda model, dtype: swaps.append(dtype) or real(model, dtype))
+    monkeypatch.setattr(cpu_layers, "chosen", lambda device, dtype: (True, ""))
     model, tok = M.load_pretrained(str(tiny))
     want = naive(["a man plays a guitar", "the cat sat on the mat", "", "a dog barked " * 30], model, tok)
     for flags, swapped in (([], [None]), (["--no-onednn"], [])):
@@ -288,6 +297,44 @@ def test_embed_and_evaluate_swap_in_the_cpu_layers_in_one_line_unless_told_not_t
         assert swaps == swapped
     scores = [json.loads((tmp_path / f"s{k}.json").read_text())["STSB"] for k in (0, 1)]
     assert scores[0]["n"] == 12 and scores[0]["spearman"] == pytest.approx(scores[1]["spearman"])
+
+
+def test_the_cpu_layers_are_swapped_in_where_they_run_and_pay(tmp_path, tiny, monkeypatch):
+    """cpu_layers.chosen: on a CPU in bf16 where this processor's oneDNN runs bf16 products (as torch itself tells),
+    never in fp32 (on an AVX2-only EPYC a whole embed.py process ran 12% slower with them) nor on a GPU. Then, as an
+    AVX2-only processor runs (oneDNN and ATen capped to AVX2, whatever this one has; issue 81 found a traceback
+    there): embed.py --dtype bf16, evaluate_sts.py --dtype bf16 and embed.py's auto run model.py's layers, say why in
+    their first line, and write bf16 rows near the fp32 ones and fp32 rows equal to the naive loop's."""
+    cpu = torch.device("cpu")
+    assert cpu_layers.chosen(cpu, None) == (False, "oneDNN's products pay in bf16 only")
+    assert cpu_layers.chosen(torch.device("cuda"), torch.bfloat16) == (False, "")
+    assert cpu_layers.chosen(cpu, torch.bfloat16)[0] == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    texts = ["a man plays a guitar", "the cat sat on the mat", "a dog barked " * 30]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    (tmp_path / "sts-dev.csv").write_text("".join(f"g\tf\t2012\t{i}\t{i % 5}.0\tthe cat sat {'on ' * i}\ta dog "
+                                                  f"barked {'at ' * (i % 3)}\n" for i in range(12)))
+    out = str(tmp_path / "o")
+    code = f"""import sys; sys.path.insert(0, {str(ROOT)!r})
+import embed, evaluate_sts
+embed.main(["--model", {str(tiny)!r}, {str(tmp_path / "in.txt")!r}, "--output", {out!r} + ".bf16.npy",
+            "--dtype", "bf16"])
+embed.main(["--model", {str(tiny)!r}, {str(tmp_path / "in.txt")!r}, "--output", {out!r} + ".auto.npy"])
+evaluate_sts.main(["--model", {str(tiny)!r}, "--data", {str(tmp_path)!r}, "--split", "dev", "--dtype", "bf16"])
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    runs = [line for line in done.stderr.splitlines() if " on the CPU in " in line]
+    layers = "model.py's layers as written (oneDNN's bf16 products need AVX-512 or AVX-NE-CONVERT, not available here)"
+    assert len(runs) == 3 and all(layers in line for line in (runs[0], runs[2])), runs
+    assert ("in fp32 (--dtype auto: ONEDNN_MAX_CPU_ISA=AVX2 leaves oneDNN no bf16 instructions), model.py's layers "
+            "as written (oneDNN's products pay in bf16 only)") in runs[1], runs
+    model, tok = M.load_pretrained(str(tiny))
+    want = naive(texts, model, tok)
+    np.testing.assert_allclose(np.load(out + ".auto.npy"), want, atol=1e-5)
+    bf16 = np.load(out + ".bf16.npy")
+    cos = (bf16 * want).sum(1) / np.linalg.norm(bf16, axis=1) / np.linalg.norm(want, axis=1)
+    assert bf16.dtype == np.float32 and cos.min() >= 0.999, cos
 
 
 def test_a_batch_packed_or_not_changes_no_embedding(tiny, monkeypatch):
@@ -534,9 +581,11 @@ def test_embed_and_evaluate_say_what_runs(tmp_path, tiny, capsys):
     E.main(args)
     chose = ("in bf16 (--dtype auto: this CPU multiplies bf16, with AMX or AVX512-BF16)" if cpu_has_bf16() else
              "in fp32 (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
-    swapped = "oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
+    swapped = ("oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
+               if cpu_layers.chosen(torch.device("cpu"), device_and_dtype("cpu", "auto")[1])[0] else
+               "model.py's layers as written (")
     err = capsys.readouterr().err
-    assert f"on the CPU {chose}, {swapped if cpu_layers.available() else 'model.py'}" in err, err
+    assert f"on the CPU {chose}, {swapped}" in err, err
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "d.txt").write_text(" ".join(WORDS * 60))
