@@ -129,9 +129,8 @@ class Packing:
     def __init__(self, B: int, T: int, positions=None, attention_mask=None):
         self.B, self.T = B, T
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
-        self.key_mask = None  # (B, 1, 1, T): True at the real keys
-        if attention_mask is not None:
-            self.key_mask = attention_mask.bool()[:, None, None, :]
+        # (B, 1, 1, T): True at the real keys
+        self.key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         # ModernBERT's, made once a forward: window -> attend()'s mask; (theta, hd) -> turns()'s
         self.bands, self.cos_sin = {}, {}
 
@@ -195,8 +194,9 @@ def attention(q, k, v, mask, dropout_p: float):
     # Written out: the keys padded to a multiple of 8, masked there
     extra = -k.shape[-2] % 8
     keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
-    k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (B, nh, T', hd)
-    keys = F.pad(keys, (0, extra), value=False)
+    if extra:  # by nothing, F.pad copies k in k's strides, which compiled graphs misread (issue 81)
+        k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (B, nh, T', hd)
+        keys = F.pad(keys, (0, extra), value=False)
     # The product q k^T in the inputs' precision (bf16 under autocast), then the scaling, the mask
     # and the softmax in fp32, as the flash kernel keeps its scores. Masked by adding the lowest
     # finite score, not -inf, so that a query that sees no key (a row of padding) stays finite; the

@@ -134,6 +134,21 @@ def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
         torch.testing.assert_close(enc(ids, mask), fused, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_short_rows_compile_for_rows_padded_and_not():
+    """torch.compile(dynamic=True) of the written-out branch, as the GPU check's dry run compiles the encoder
+    (aot_eager): one graph, traced on rows whose keys are padded to 8, then given rows of 8 and 16 tokens that need
+    none. F.pad by nothing copied k in k's own strides, which that graph read as the padded copy's: "view size is not
+    compatible with input tensor's size and stride" (issue 81). Each call equals eager's on the same rows."""
+    compiled = torch.compile(M.attention, dynamic=True, backend="aot_eager")
+    g = torch.Generator().manual_seed(0)
+    for B, T in ((6, 13), (5, 8), (3, 21), (4, 16)):
+        qkv = torch.randn(B, T, 3, 2, 8, generator=g)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # as SelfAttention makes them: views across the heads
+        mask = (torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g))[:, None, None, :]
+        torch.testing.assert_close(compiled(q, k, v, mask, 0.0), M.attention(q, k, v, mask, 0.0), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["roberta", "bert"])
 def test_gradients_match_transformers(kind, tmp_path):
     """Training runs the unpadded path backwards: every weight's gradient equals transformers' (dropout off)."""
