@@ -44,7 +44,7 @@ from _report import cell, delta, held_out  # noqa: E402 (bench/_report.py: probi
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, demo, sts_files  # noqa: E402
-from support.cli import bench  # noqa: E402
+from support.cli import bench, shared_assets  # noqa: E402
 from support.files import write_atomic  # noqa: E402
 from support.sts_files import load_stsb_dev  # noqa: E402
 
@@ -419,7 +419,7 @@ def stage1(ax, out: Path, before: float):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
+    ap.add_argument("--shared", default=shared_assets(ROOT), help="the shared assets folder")
     ap.add_argument("--data", nargs="+", default=None, help="documents (default: the shared Gutenberg books)")
     ap.add_argument("--stsb", default=None, help="sts-dev.csv (default: the shared copy)")
     ap.add_argument("--sick", default=None, help="SICK_trial.txt, a second score if it is there (default: shared)")

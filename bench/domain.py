@@ -32,7 +32,7 @@ from _report import cell, delta  # noqa: E402 (bench/_report.py)
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, retrieval  # noqa: E402
-from support.cli import bench  # noqa: E402
+from support.cli import bench, shared_assets  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from the paper's settings, and what it is
 ARMS = {
@@ -100,7 +100,9 @@ def report(a, out: Path) -> str:
              f"{a.steps} steps of {a.docs_per_step} documents, training spans {a.min_span}-{a.max_span} tokens, lr "
              f"{a.lr}{' ' + ' '.join(a.flags) if a.flags else ''}; seeds "
              f"{', '.join(map(str, a.seeds))}. × 100, mean ± standard deviation over the seeds; Δ: the paired "
-             f"difference, **bold** where it is larger than its spread over the seeds and either side's.", "",
+             f"difference, **bold** where it is larger than its spread over the seeds and either side's"
+             f"{'' if len(a.seeds) > 1 else ' (one seed here: no spread is measured, and no difference is a finding)'}"
+             f".", "",
              "| arm | MRR | Δ start | Δ BM25 | per seed | R@1 | R@10 | STS-B dev | Δ STS-B | MRR at each evaluation "
              "| minutes a run |", "|---" * 11 + "|"]
 
@@ -195,7 +197,7 @@ def analyse(a, out: Path) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
+    ap.add_argument("--shared", default=shared_assets(ROOT), help="the shared assets folder")
     ap.add_argument("--model", default=None, help="the encoder to continue (default: the shared all-MiniLM-L6-v2)")
     ap.add_argument("--data", nargs="+", default=None, help="documents to train on (default: the shared books not "
                     "held out)")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from _measure import measured, processor  # noqa: E402 (bench/_measure.py: what the other embedding benchmarks use)
 
 from evaluate_sts import spearman  # noqa: E402
-from support.cli import UserError, bench  # noqa: E402
+from support.cli import UserError, bench, shared_assets  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
 
 
@@ -225,7 +225,7 @@ def long_rows(a, d: Path, rows: int = 1888):
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--lines", type=int, default=45_992)
     ap.add_argument("--st-python", default=sys.executable, help="Python with sentence-transformers (its torch arms)")

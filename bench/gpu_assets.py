@@ -10,7 +10,6 @@ processor (issue 55). Laid out as ../shared is, so that DECLUTR_SHARED can point
     python3 bench/embed_profile.py --shared gpu-assets --threads 2 --lines 23000   # there too, on its CPU
 """
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import safetensors.torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from support.cli import bench  # noqa: E402
+from support.cli import bench, shared_assets  # noqa: E402
 
 BOOKS = 16  # gpu_check.documents() takes the first 16 books, in name order
 FILES = {"model": Path("models/all-MiniLM-L6-v2"), "books": Path("data/corpus/gutenberg"),
@@ -53,7 +52,7 @@ def pack(shared: Path, out: Path) -> int:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "gpu-assets"), help="a folder that does not exist yet")
-    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     args = ap.parse_args()
     out = Path(args.out)
     if out.exists():

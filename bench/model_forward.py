@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
 from support import hub as H  # noqa: E402
-from support.cli import bench, optional  # noqa: E402
+from support.cli import bench, optional, shared_assets  # noqa: E402
 from support.device import pad_rows  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def compare(name, ours, theirs, batches, repeats):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sentences", type=int, default=1024)
     a = ap.parse_args()

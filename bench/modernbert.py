@@ -17,7 +17,6 @@ random weights scaled so that every layer counts, as no hub is reachable here), 
 """
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from support.cli import UserError, bench, optional  # noqa: E402
+from support.cli import UserError, bench, optional, shared_assets  # noqa: E402
 
 BASE = dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12,
             local_attention=128, global_attn_every_n_layers=3, max_position_embeddings=8192)
@@ -167,7 +166,7 @@ def training(a) -> list[dict]:
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--passages", type=int, default=24)

@@ -46,7 +46,7 @@ import embed as E  # noqa: E402
 import evaluate_sts  # noqa: E402
 import model as M  # noqa: E402
 from support import corpus, sts_files  # noqa: E402
-from support.cli import UserError, bench  # noqa: E402
+from support.cli import UserError, bench, shared_assets  # noqa: E402
 
 ARMS = {"mlm-only": "MLM only", "contrastive-only": "contrastive only", "both": "DeCLUTR (both)"}
 COLUMNS = ["STS-B dev, cosine", "STS-B dev, supervised", "SentLen", "WC", "BShift"]
@@ -139,7 +139,7 @@ def table(scores: dict, seeds: list[int]) -> str:
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared assets folder")
+    ap.add_argument("--shared", default=shared_assets(ROOT), help="the shared assets folder")
     ap.add_argument("--out", default="runs/probing", help="the ablation's runs and this bench's scores")
     ap.add_argument("--hold-out", type=int, default=40, help="books kept out of training for the probing tasks")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

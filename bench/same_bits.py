@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from support.cli import UserError, bench  # noqa: E402
+from support.cli import UserError, bench, shared_assets  # noqa: E402
 
 SMALL = ["--model", "scratch:tiny", "--docs-per-step", "8", "--min-span", "16", "--max-span", "64", "--workers", "0",
          "--log-every", "100", "--steps", "20", "--ckpt-every", "10", "--lr", "1e-3"]
@@ -121,7 +121,7 @@ def rows_compared(works: list[Path], minilm: Path, sentences: Path) -> list[str]
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trees", nargs=2, help="two trees of this repository: before and after")
-    ap.add_argument("--shared", default=os.environ.get("DECLUTR_SHARED", str(ROOT.parent / "shared")))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     a = ap.parse_args()
     shared = Path(a.shared)
     minilm, stsb = shared / "models/all-MiniLM-L6-v2", shared / "data/sts/stsbenchmark/sts-train.csv"

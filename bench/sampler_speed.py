@@ -19,7 +19,7 @@ import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 from support import demo  # noqa: E402
 from support import hub as H  # noqa: E402
-from support.cli import bench  # noqa: E402
+from support.cli import bench, shared_assets  # noqa: E402
 from support.corpus import prepare_corpus  # noqa: E402
 from support.workers import prefetched_batches  # noqa: E402
 
@@ -63,7 +63,7 @@ def train_step_seconds(shape, tok, batch):
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--books", type=int, default=200)
     ap.add_argument("--batches", type=int, default=40)
     a = ap.parse_args()

@@ -25,6 +25,13 @@ def int8_config() -> str:
                  if flag in flags), "arm64")
 
 
+def int8_file() -> str:
+    """The int8 model prepare() writes and encode --int8 reads, named by us: sentence-transformers' own name says
+    the weights' type too, which its quantisation config picks per instruction set (model_quint8_avx2.onnx on an
+    AVX2 processor, model_qint8_avx512_vnni.onnx on another)."""
+    return f"onnx/model_int8_{int8_config()}.onnx"
+
+
 def prepare(model: Path):
     """Export the model for the ONNX backend (fp32, then dynamically quantised to int8 for this processor) and for
     OpenVINO, into the model's own folder (a copy: the shared assets are read-only)."""
@@ -32,7 +39,8 @@ def prepare(model: Path):
 
     onnx = SentenceTransformer(str(model), backend="onnx", device="cpu")
     onnx.save_pretrained(str(model))
-    export_dynamic_quantized_onnx_model(onnx, int8_config(), str(model))
+    suffix = Path(int8_file()).stem.removeprefix("model_")  # the exported file: onnx/model_{suffix}.onnx
+    export_dynamic_quantized_onnx_model(onnx, int8_config(), str(model), file_suffix=suffix)
     try:
         SentenceTransformer(str(model), backend="openvino", device="cpu").save_pretrained(str(model))
     except Exception as e:  # OpenVINO did not install or export here: its arm is left out
@@ -48,7 +56,7 @@ def encode(a):
     if a.bf16:
         kwargs["model_kwargs"] = {"torch_dtype": torch.bfloat16}
     if a.int8:
-        kwargs["model_kwargs"] = {"file_name": f"onnx/model_qint8_{int8_config()}.onnx"}
+        kwargs["model_kwargs"] = {"file_name": int8_file()}
     model = SentenceTransformer(a.model, backend=a.backend, device="cpu", **kwargs)
     lines = Path(a.input).read_text(encoding="utf-8").splitlines()
     np.save(a.output, model.encode(lines).astype(np.float32))

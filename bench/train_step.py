@@ -26,7 +26,7 @@ import model as M  # noqa: E402
 import sampler as S  # noqa: E402
 import train as T  # noqa: E402
 from support import hub as H  # noqa: E402
-from support.cli import bench, optional  # noqa: E402
+from support.cli import bench, optional, shared_assets  # noqa: E402
 from support.corpus import prepare_corpus  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def original_step(hf, batch, tau=0.05, P=2):
 @bench
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    ap.add_argument("--shared", default=shared_assets(ROOT))
     ap.add_argument("--docs", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()

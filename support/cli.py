@@ -67,6 +67,12 @@ def bench(main):
     return cli(wrapped)
 
 
+def shared_assets(root) -> str:
+    """Where a benchmark's --shared points by default: DECLUTR_SHARED, as the tests read it, else the shared folder
+    beside the checkout `root`."""
+    return os.environ.get("DECLUTR_SHARED") or os.path.join(os.path.dirname(root), "shared")
+
+
 def step_name(cmd) -> str:
     """A step a benchmark ran as a process, as a reader knows it: the script and its first argument, not the text of
     an embedded `python -c` program."""

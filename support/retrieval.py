@@ -135,11 +135,14 @@ NAMES = {"bm25": "BM25", "tfidf": "TF-IDF"}
 
 def few_words(per_span: float) -> str:
     """A line for when the word baselines see about one word a span (text without spaces that is not Chinese or
-    Japanese: Thai, Lao, Khmer), where their figures are their floor, not a bar; "" otherwise."""
+    Japanese: Thai, Lao, Khmer) or none (text of symbols and emoji, which are neither letters nor digits), where
+    their figures are their floor, not a bar; "" otherwise."""
     if per_span >= 2 or math.isnan(per_span):
         return ""
-    return (f"the spans hold {per_span:.1f} words each as BM25 and TF-IDF split them (runs of letters): text without "
-            f"spaces between its words, so their figures are near chance, not a bar for the encoder")
+    what = ("text with hardly a letter or digit (symbols, emoji)" if per_span < 0.5 else
+            "text without spaces between its words")
+    return (f"the spans hold {per_span:.1f} words each as BM25 and TF-IDF split them (runs of letters and digits): "
+            f"{what}, so their figures are near chance, not a bar for the encoder")
 
 
 def longer_than(tok, texts: list[str], most: int) -> int:

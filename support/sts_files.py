@@ -18,9 +18,13 @@ from support.files import cache_dir, files_under, make_dirs, offline, write_atom
 
 STSB_URL = "https://ixa2.si.ehu.eus/stswiki/images/4/48/Stsbenchmark.tar.gz"
 
-FEW = 100  # pairs: below this a correlation is marked, not reported as a result
-WHY_FEW = (f"* fewer than {FEW} pairs: over so few pairs one pair more or less moves a correlation by points; "
-           f"it is not a score to compare")
+FEW = 100  # pairs: below this a figure (a correlation, an MRR) is marked, not reported as a result
+
+
+def why_few(figures: str) -> str:
+    """The footnote of a table with marked rows, `figures` naming what those rows hold."""
+    return (f"* fewer than {FEW} pairs: over so few pairs one pair more or less moves {figures} by points; it is not "
+            f"a score to compare")
 
 
 
@@ -40,11 +44,12 @@ def table(results: dict) -> str:
     head = ["task", "pairs"] + models
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [head, ["-" * w for w in widths]] + rows
-    few = any(r[1].endswith("*") for r in rows)
+    few = {r[0].startswith("SPANS") for r in rows if r[1].endswith("*")}  # marked: STS rows (False), SPANS (True)
+    figures = " or ".join(["a correlation"] * (False in few) + ["an MRR or a recall"] * (True in few))
     spans = any("SPANS" in r for r in results.values())
     return "\n".join(["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines] +
                      ["Spearman x 100 of cosine similarity (Pearson x 100)"] * any(t != "SPANS" for t in tasks) +
-                     ([WHY_FEW] if few else []) +
+                     ([why_few(figures)] if few else []) +
                      ([SPANS_SAY] if spans else []))
 
 

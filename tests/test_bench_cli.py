@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, bench_script
 
 BENCH = sorted(p.name for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_"))  # _NAME.py: a module
 
@@ -46,6 +46,51 @@ def test_every_bench_script_answers_help(script, helps):
     """With the README's install alone: no test helper (tests/ imports pytest), no optional package."""
     r = helps[script]
     assert r["returncode"] == 0 and r["stdout"].startswith("usage: ") and "Traceback" not in r["stderr"], r["stderr"]
+
+
+def test_st_encode_reads_the_int8_model_its_prepare_wrote(tmp_path, monkeypatch):
+    """bench/st_encode.py --int8 looked for model_qint8_avx2.onnx where sentence-transformers had written
+    model_quint8_avx2.onnx (its name carries the weights' type, which it picks per instruction set): prepare now
+    names the file (file_suffix, as sentence-transformers 5.7 and 6.2 take it: onnx/model_{suffix}.onnx) and encode
+    reads that name, on whatever processor. sentence-transformers played by a stand-in that records both."""
+    import types
+
+    st_encode, seen = bench_script("st_encode"), {}
+
+    class Model:
+        def __init__(self, path, backend="torch", device="cpu", model_kwargs=None):
+            seen.setdefault("loaded", []).append((backend, (model_kwargs or {}).get("file_name")))
+
+        def save_pretrained(self, path):
+            pass
+
+        def encode(self, lines):
+            return __import__("numpy").zeros((len(lines), 4))
+
+    def export(model, config, path, file_suffix=None):
+        seen["written"] = f"onnx/model_{file_suffix or 'quint8_' + config}.onnx"
+
+    fake = types.SimpleNamespace(SentenceTransformer=Model, export_dynamic_quantized_onnx_model=export)
+    monkeypatch.setitem(sys.modules, "sentence_transformers", fake)
+    st_encode.prepare(tmp_path)
+    (tmp_path / "in.txt").write_text("a line\n")
+    st_encode.encode(types.SimpleNamespace(model=str(tmp_path), backend="onnx", bf16=False, int8=True,
+                                           input=str(tmp_path / "in.txt"), output=str(tmp_path / "o.npy")))
+    assert seen["loaded"][-1] == ("onnx", seen["written"]) and st_encode.int8_config() in seen["written"]
+
+
+def test_every_benchs_shared_assets_default_to_declutr_shared(monkeypatch):
+    """A benchmark's --shared is DECLUTR_SHARED where it is set, as the tests' assets are (issue 81: bench/domain.py
+    looked under ../shared whatever it said), else ../shared beside the checkout; no script spells its own default."""
+    from support.cli import shared_assets
+
+    monkeypatch.setenv("DECLUTR_SHARED", "/somewhere/assets")
+    assert shared_assets(ROOT) == "/somewhere/assets"
+    monkeypatch.delenv("DECLUTR_SHARED")
+    assert shared_assets(ROOT) == str(ROOT.parent / "shared")
+    for script in BENCH:
+        text = (ROOT / "bench" / script).read_text()
+        assert "--shared" not in text or "default=shared_assets(ROOT)" in text, script
 
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_env_dry_run.sh"])
