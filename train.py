@@ -360,10 +360,8 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     # runs in it too
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     corpus = corpus_for_run(cfg, tok, proc)
-    # --holdout-docs' or --eval-docs' documents, or None (a run begun before held-out documents were
-    # chosen by their content keeps the ones it had)
-    legacy = resume_from is not None and resume_from.state.get("held_out_by") != "content"
-    held = eval_documents(cfg, tok, proc, corpus, by_place=legacy)
+    # --holdout-docs' or --eval-docs' documents, or None (a resumed run keeps the ones it had)
+    held = eval_documents(cfg, tok, proc, corpus, resume_from.state if resume_from else None)
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
                                   world_size=proc.world, held_out=held.held_out if held else ())
     # Held-out span retrieval's pairs, the same at every evaluation (evaluate_sts.py draws them)
@@ -376,7 +374,8 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
               tok=tok, opt=opt, scaler=torch.amp.GradScaler(proc.device.type, enabled=fp16),
               batches=batches, total=cfg.steps or cfg.epochs * batches.steps_per_epoch,
-              save_model=save_pretrained, proc=proc, documents=describe_files(cfg.data))
+              save_model=save_pretrained, proc=proc, documents=describe_files(cfg.data, corpus),
+              held_out_below=held.below if held else None)
 
     def evaluate(start: bool) -> dict:
         # In the precision embed.py would use (bf16 on a CPU with AMX), with model.py's own layers:

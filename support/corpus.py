@@ -76,12 +76,31 @@ def open_bytes(f: Path):
     return gzip.open(f) if f.name.endswith(".gz") else open(f, "rb")
 
 
+def utf16(name: str, head: bytes) -> str:
+    """One line where a file whose first bytes are `head` is UTF-16, not UTF-8, and how to convert it; else "". Told
+    by its byte-order mark (Windows' Notepad and PowerShell write one), or without one by a NUL byte in every other
+    place and few between (UTF-16 of Latin letters: "a" is 61 00 little-endian), which UTF-8 would read as text."""
+    marks = {b"\xff\xfe": "FF FE", b"\xfe\xff": "FE FF"}
+    if head[:2] in marks:
+        return (f"{name}: UTF-16 (its byte-order mark {marks[head[:2]]}), not UTF-8: save it as UTF-8 "
+                f"(iconv -f UTF-16 -t UTF-8 {name})")
+    pairs = len(head) // 2
+    zeros = {"LE": head[1:2 * pairs:2].count(0), "BE": head[0:2 * pairs:2].count(0)}
+    for order, other in (("LE", "BE"), ("BE", "LE")):
+        if pairs and zeros[order] >= pairs / 4 and zeros[other] <= zeros[order] / 8:
+            endian = "little" if order == "LE" else "big"
+            return (f"{name}: UTF-16 ({endian}-endian, without a byte-order mark: a NUL byte in every other place), "
+                    f"not UTF-8: save it as UTF-8 (iconv -f UTF-16{order} -t UTF-8 {name})")
+    return ""
+
+
 def read_lines(path: Path, copy: Path | None = None, skipping=None, field: str = "text"):
     """embed.py's texts of one input, in order: each line of a .txt (empty lines too), the `field` of each line of a
     .jsonl, either maybe gzipped, or of each row of a .parquet (a null: an empty text, so that row i stays row i);
     "-" (standard input) and a pipe are read from their spooled `copy`. A byte-order mark that opens the input is not
-    text. One line for what cannot be read. skipping(), asked before each row: where it says True the row is None,
-    neither decoded (.txt) nor parsed (.jsonl), as a process passes over the blocks that others embed."""
+    text. One line for what cannot be read: not UTF-8, UTF-16 (utf16), a NUL byte (rows would not be lines).
+    skipping(), asked before each row: where it says True the row is None, neither decoded (.txt) nor parsed
+    (.jsonl), as a process passes over the blocks that others embed."""
     src, name = copy or path, "stdin" if str(path) == "-" else str(path)
     jsonl = ".jsonl" in Path(src).name  # a copy's name says what its input's name or first line said
     if name.endswith(".parquet"):
@@ -90,17 +109,17 @@ def read_lines(path: Path, copy: Path | None = None, skipping=None, field: str =
         return
     try:
         with open_bytes(Path(src)) as f:
+            if problem := utf16(name, f.peek(8192)[:8192]):
+                raise UserError(problem)
             for n, raw in enumerate(f, 1):
                 if skipping and not jsonl and skipping():
                     yield None
                     continue
+                if b"\0" in raw:  # valid UTF-8, but no text has it: a binary file, or one in another encoding
+                    raise UserError(f"{name}:{n}: a NUL byte at byte {raw.index(0)} of the line: not a text file")
                 try:
                     line = raw.decode("utf-8-sig" if n == 1 else "utf-8").removesuffix("\n").removesuffix("\r")
                 except UnicodeDecodeError as e:
-                    if n == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16's byte-order mark, as Windows writes
-                        mark = " ".join(f"{b:02X}" for b in raw[:2])
-                        raise UserError(f"{name}: UTF-16 (its byte-order mark {mark}), not UTF-8: save it as UTF-8 "
-                                        f"(iconv -f UTF-16 -t UTF-8 {name})") from None
                     raise UserError(f"{name}:{n}: not UTF-8 ({e.reason} at byte {e.start} of the line)") from None
                 if not jsonl:
                     yield line
@@ -134,11 +153,15 @@ def read_documents(files, stats, clean: bool = True, field: str = "text"):
 
 def _file_texts(f: Path, stats, field: str):
     """One file's texts: the whole of a .txt, each line's "text" of a .jsonl (None where a line has none), streamed
-    (a .jsonl may be larger than memory); nothing of a binary file. A byte that is not UTF-8 becomes U+FFFD, counted."""
+    (a .jsonl may be larger than memory); nothing of a binary file. A byte that is not UTF-8 becomes U+FFFD, counted.
+    A UTF-16 file, whose NUL bytes would count it as binary and drop it unsaid, stops the run with how to convert it."""
     replaced, jsonl = 0, ".jsonl" in f.name
     try:
         with open_bytes(f) as raw:
-            if b"\x00" in raw.peek(8192)[:8192]:  # binary, as git and grep decide it
+            head = raw.peek(8192)[:8192]
+            if problem := utf16(str(f), head):
+                raise UserError(problem)
+            if b"\x00" in head:  # binary, as git and grep decide it
                 stats["binary"] += 1
                 return
             # newline=None turns CRLF and CR into LF; a byte that is not UTF-8 comes in as a stand-in (below)
@@ -303,7 +326,10 @@ def _tokenise(files, tok, folder: Path, progress: Progress, clean: bool, field: 
     summary = (f"{stats['files']:,} files, {stats['documents']:,} documents, {stats['tokens']:,} tokens; skipped "
                f"{stats['empty']} empty, {stats['binary']} binary, {stats['malformed']} malformed; "
                f"{stats['bytes_replaced']} undecodable bytes replaced in {stats['files_repaired']} files")
-    meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files])
+    # Each file's content digest, read again while the page cache holds it: a file whose time alone changed (touch,
+    # a copy) is the same documents to a --resume (what_changed)
+    meta = dict(stats, dtype=np.dtype(dtype).name, summary=summary, sources=[str(f) for f in files],
+                digests=[file_digest(f) for f in files])
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
@@ -328,18 +354,22 @@ def _batches(texts, max_chars: int):
 HOLDOUT_SEED = 70
 
 
-def held_out(corpus: Corpus, share: float, by_place: bool = False) -> np.ndarray:
-    """--holdout-docs: the indices of the documents held out, the same on every rank, on resume and for every --seed.
-    A document is held out by its content: where a hash of its tokens, read as a number in [0, 1), is below `share`
-    (at least one: the lowest), so that a file added to --data or taken from it never moves another document into
-    or out of the held-out set. by_place: as runs begun before issue 78 chose them, that share of the documents by
-    their place in the sorted file list (a file added moves others)."""
+def held_out(corpus: Corpus, share: float, by_place: bool = False, below: float | None = None):
+    """--holdout-docs: (the indices of the documents held out, the point they lie below), the same on every rank, on
+    resume and for every --seed. A document is held out by its content: each has a point in [0, 1), a hash of its
+    tokens, and the round(share x documents) lowest are held out (at least one), a count the run says against the
+    share. The run records the point between the last held out and the next (`below`), and a resume holds out what
+    lies below it: a file added to --data or taken from it then moves no other document into or out of the run's
+    held-out set. by_place: as runs begun before issue 78 chose them, that share of the documents by their place in
+    the sorted file list (a file added moves others)."""
+    count = min(len(corpus), max(1, round(share * len(corpus))))
     if by_place:
-        count = min(len(corpus), max(1, round(share * len(corpus))))
-        return np.sort(np.random.default_rng(HOLDOUT_SEED).permutation(len(corpus))[:count])
+        return np.sort(np.random.default_rng(HOLDOUT_SEED).permutation(len(corpus))[:count]), None
     where = np.array([content_point(corpus, i) for i in range(len(corpus))])
-    docs = np.flatnonzero(where < share)
-    return docs if len(docs) or not len(corpus) else np.array([int(np.argmin(where))])
+    if below is None:
+        ranked = np.sort(where)
+        below = 1.0 if count == len(where) else float((ranked[count - 1] + ranked[count]) / 2)
+    return np.flatnonzero(where < below), below
 
 
 def content_point(corpus: Corpus, i: int) -> float:
@@ -349,10 +379,26 @@ def content_point(corpus: Corpus, i: int) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
-def describe_files(paths) -> list[list]:
+def describe_files(paths, corpus: Corpus | None = None) -> list[list]:
     """The files behind --data as a run records them in its checkpoints: [path, size, time] each (what the tokenised
-    corpus's cache key is made of), to tell on --resume whether they are still what the run trained on."""
-    return [file_stamp(f) for f in list_files(paths)]
+    corpus's cache key is made of), and with `corpus` (theirs) each one's content digest after them, to tell on
+    --resume whether they are still what the run trained on."""
+    stamps = [file_stamp(f) for f in list_files(paths)]
+    if corpus is None:
+        return stamps
+    kept, sources = corpus.meta.get("digests"), corpus.meta["sources"]  # a cache made before digests: read again
+    by_path = {str(Path(f).resolve()): d for f, d in zip(sources, kept, strict=True)} if kept else {}
+    return [[*stamp, by_path.get(stamp[0]) or file_digest(Path(stamp[0]))] for stamp in stamps]
+
+
+def file_digest(f: Path) -> str:
+    """SHA-1 of a file's bytes (1.1 GB/s here, twice BLAKE2's): whether a file changed, not a defence against
+    anyone."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def file_stamp(f: Path) -> list:
@@ -362,11 +408,19 @@ def file_stamp(f: Path) -> list:
 
 
 def what_changed(before: list[list], now: list[list]) -> str:
-    """describe_files' two answers compared, in words: the files added, removed and changed (size or time), with the
-    first of each; "" where nothing changed."""
-    old, new = {p: (s, t) for p, s, t in before}, {p: (s, t) for p, s, t in now}
+    """describe_files' two answers compared, in words: the files added, removed and changed (size or time; a time
+    alone is no change where `before` holds the file's digest and its bytes still have it), with the first of each;
+    "" where nothing changed."""
+    old, new = {p: rest for p, *rest in before}, {p: rest for p, *rest in now}
+
+    def changed(p: str) -> bool:
+        (size, time, *digest), (size_now, time_now, *_) = old[p], new[p]
+        if (size, time) == (size_now, time_now):
+            return False
+        return size != size_now or not digest or digest[0] != file_digest(Path(p))
+
     kinds = {"added": sorted(set(new) - set(old)), "removed": sorted(set(old) - set(new)),
-             "changed": sorted(p for p in set(old) & set(new) if old[p] != new[p])}
+             "changed": sorted(p for p in set(old) & set(new) if changed(p))}
     return "; ".join(f"{len(files)} {kind} ({Path(files[0]).name}{', ...' if len(files) > 1 else ''})"
                      for kind, files in kinds.items() if files)
 
@@ -412,6 +466,7 @@ def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
         raise UserError(f"{usable} usable documents cannot fill one step of {cfg.docs_per_step} documents over "
                         f"{batches.world} ranks")
     held = getattr(batches, "n_held_out", 0)
-    kept = f", {held:,} held out for evaluation (--holdout-docs)" if held else ""
+    kept = (f", {held:,} held out for evaluation (--holdout-docs {cfg.holdout_docs}: {held:,} of {len(corpus):,} "
+            f"documents, {held / len(corpus):.1%})") if held else ""
     say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable - held:,} skipped as shorter than {shortest:,} "
         f"tokens{kept}; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)

@@ -124,15 +124,19 @@ class EvalDocuments(NamedTuple):
     docs: np.ndarray  # which of its documents the pairs are drawn from
     held_out: np.ndarray  # which of the run's documents are kept out of training
     flag: str  # the flag that gave them, to start a line about them
+    below: float | None = None  # --holdout-docs: the point the held-out documents lie below (corpus.held_out)
 
 
-def eval_documents(cfg, tok, proc: Process, corpus: Corpus, by_place: bool = False) -> EvalDocuments | None:
+def eval_documents(cfg, tok, proc: Process, corpus: Corpus, resumed: dict | None = None) -> EvalDocuments | None:
     """--holdout-docs: a share of the run's own documents, chosen by their content, the same on every rank and on
-    resume (by_place: a run begun before they were, as it chose them); --eval-docs: other files, tokenised as the
-    run's are, a document that is also a training document said, counted and left out."""
+    resume (`resumed`: the checkpoint's state; a run begun before issue 81 holds out what lay below the share, one
+    begun before issue 78 the documents it chose by their place); --eval-docs: other files, tokenised as the run's
+    are, a document that is also a training document said, counted and left out."""
     if cfg.holdout_docs:
-        docs = held_out(corpus, cfg.holdout_docs, by_place=by_place)
-        return EvalDocuments(corpus, docs, docs, f"--holdout-docs {cfg.holdout_docs}")
+        by_place = resumed is not None and resumed.get("held_out_by") != "content"
+        below = resumed.get("held_out_below", cfg.holdout_docs) if resumed and not by_place else None
+        docs, below = held_out(corpus, cfg.holdout_docs, by_place=by_place, below=below)
+        return EvalDocuments(corpus, docs, docs, f"--holdout-docs {cfg.holdout_docs}", below)
     if not cfg.eval_docs:
         return None
     other = corpus_for_run(cfg, tok, proc, cfg.eval_docs, "eval-docs")

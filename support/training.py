@@ -45,6 +45,7 @@ class Run:
     stop: stopping.StopOnSigterm = field(default_factory=stopping.StopOnSigterm)  # SIGTERM: stop after this step
     before: metrics.Figures | None = None  # the step before, whose numbers are read once the next is on its way
     documents: list = field(default_factory=list)  # the files behind --data (support.corpus.describe_files)
+    held_out_below: float | None = None  # --holdout-docs' point (support.corpus.held_out), kept for a resume
 
     def begin(self, resume_from, evaluate, lr_at, most_steps: int):
         """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
@@ -144,7 +145,7 @@ class Run:
         if self.proc.rank == 0:
             state = {"optimizer": self.opt.state_dict(), "step": self.step, "config": asdict(self.cfg),
                      "best": self.best, "processes": runs.layout(self.proc.world), "machines": self.machines,
-                     "documents": self.documents, "held_out_by": "content"}
+                     "documents": self.documents, "held_out_by": "content", "held_out_below": self.held_out_below}
             if self.scaler.is_enabled():
                 state["scaler"] = self.scaler.state_dict()
             self.latest_checkpoint = runs.write_checkpoint(  # whole, whatever the other ranks do next

@@ -1,6 +1,7 @@
 """What a new user met on a fresh clone, each now what they expect or one line: Ctrl-C in every script, a corpus
 kept as links to folders, a byte-order mark, pipes, devices and folders given to embed.py, duplicate evaluation
 files and undecodable rows, the hints of model.py convert and sampler.py, and a figure the reference quotes."""
+import gzip
 import os
 import re
 import signal
@@ -258,3 +259,47 @@ def test_a_utf16_file_is_named_by_its_byte_order_mark(tmp_path, tiny):
         assert r.returncode == 1 and r.stderr == (f"error: {path}: UTF-16 (its byte-order mark {mark}), not UTF-8: "
                                                   f"save it as UTF-8 (iconv -f UTF-16 -t UTF-8 {path})\n"), r.stderr
         assert not (tmp_path / "e.npy").exists()
+
+
+def test_utf16_without_a_mark_and_nul_bytes_are_refused_not_embedded(tmp_path, tiny):
+    """Without a byte-order mark UTF-16 is valid UTF-8 (NUL bytes between the letters): issue 81's 2-line file gave 3
+    rows of NUL-interleaved text. Now one line naming the byte order and the iconv command, as .txt, .jsonl and
+    gzipped; a NUL byte in a UTF-8 file, one line naming where; no output written either way."""
+    text = "a cat sat on the mat\nthe dog barked\n"
+    for codec, order in (("utf-16-le", "LE"), ("utf-16-be", "BE")):
+        for name, data in ((f"{codec}.txt", text.encode(codec)),
+                           (f"{codec}.jsonl", '{"text": "a cat"}\n'.encode(codec)),
+                           (f"{codec}.txt.gz", gzip.compress(text.encode(codec)))):
+            path = tmp_path / name
+            path.write_bytes(data)
+            r = run_here(E.main, "--model", tiny, path, "--output", tmp_path / "e.npy")
+            endian = {"LE": "little", "BE": "big"}[order]
+            assert r.returncode == 1 and r.stderr == (
+                f"error: {path}: UTF-16 ({endian}-endian, without a byte-order mark: a NUL byte in every other "
+                f"place), not UTF-8: save it as UTF-8 (iconv -f UTF-16{order} -t UTF-8 {path})\n"), r.stderr
+            assert not (tmp_path / "e.npy").exists()
+    path = tmp_path / "nul.txt"
+    path.write_bytes(b"a cat sat\non the\x00mat\n")
+    r = run_here(E.main, "--model", tiny, path, "--output", tmp_path / "e.npy")
+    assert r.returncode == 1 and r.stderr == f"error: {path}:2: a NUL byte at byte 6 of the line: not a text file\n"
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_train_names_a_utf16_file_instead_of_skipping_it_as_binary(tmp_path, capsys):
+    """train.py counted UTF-16 files as binary ("skipped 0 empty, 2 binary", then "no documents"; beside UTF-8 files
+    they dropped out unsaid): now one line naming the file, as embed.py's, whether or not it opens with a mark, and
+    nothing of a run or cache made. A binary file is still skipped and counted."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("words of a book " * 500)
+    (docs / "binary.txt").write_bytes(b"\x7fELF\x00\x00" + bytes(range(256)))
+    for body, said in (("\ufeffthe next book", "UTF-16 (its byte-order mark FF FE)"),
+                       ("the next book", "UTF-16 (little-endian, without a byte-order mark")):
+        (docs / "b.txt").write_bytes((body * 300).encode("utf-16-le"))
+        with pytest.raises(SystemExit) as e:
+            T.main(["--model", "scratch:tiny", "--data", str(docs), "--out", str(tmp_path / "run"), "--cache-dir",
+                    str(tmp_path / "cache")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 1 and err[-1].startswith(f"error: {docs / 'b.txt'}: {said}"), err
+        assert "iconv -f UTF-16" in err[-1] and not list((tmp_path / "cache").glob("corpus-*"))
+        assert not (tmp_path / "run").exists()
