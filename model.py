@@ -191,12 +191,12 @@ def attention(q, k, v, mask, dropout_p: float):
     to (B, nh, T, T) (None: every key)."""
     if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    # Written out: the keys padded to a multiple of 8, masked there
+    # Written out: the keys padded to a multiple of 8, masked there. k and v made contiguous first:
+    # padded by nothing, F.pad keeps its input's strides, which a compiled graph misreads (issue 81)
     extra = -k.shape[-2] % 8
     keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
-    if extra:  # by nothing, F.pad copies k in k's strides, which compiled graphs misread (issue 81)
-        k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))  # (B, nh, T', hd)
-        keys = F.pad(keys, (0, extra), value=False)
+    k, v = F.pad(k.contiguous(), (0, 0, 0, extra)), F.pad(v.contiguous(), (0, 0, 0, extra))
+    keys = F.pad(keys, (0, extra), value=False)  # (B, nh, T', hd) and (..., T')
     # The product q k^T in the inputs' precision (bf16 under autocast), then the scaling, the mask
     # and the softmax in fp32, as the flash kernel keeps its scores. Masked by adding the lowest
     # finite score, not -inf, so that a query that sees no key (a row of padding) stays finite; the
