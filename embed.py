@@ -32,7 +32,7 @@ from support.threads import across_cores, cpu_threads
 
 
 @dataclass
-class EmbedConfig(OnDevice):  # --dtype, --device, --threads (support.device.OnDevice), then
+class EmbedConfig(OnDevice):  # --dtype, --device, --threads (support.device.OnDevice), then these
     model: str = flag("", "hub id or local Hugging Face directory")
     inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl and .parquet (field "
                               "text), - (stdin)")
@@ -58,7 +58,7 @@ class EmbedConfig(OnDevice):  # --dtype, --device, --threads (support.device.OnD
                              "inputs of any size", low=1)
 
     def validate(self):
-        embedding.check_flags(self)  # one line for a combination of flags that cannot be
+        embedding.check_flags(self)  # one line for flags that cannot go together
 
 
 def _segments(ids, max_tokens: int, long: str) -> list:
@@ -210,7 +210,8 @@ def embed_files(cfg: EmbedConfig, argv=None):
     length = window(model)
     with embed_job.started(cfg, proc, model, device=device, dtype=dtype, max_tokens=length,
                            argv=argv, runs=runs) as job:
-        # This process's blocks, in input order, each tokenised, embedded and kept before the next
+        # This process's blocks, in input order, each tokenised, embedded and kept (on a GPU the
+        # next block is read and tokenised in a thread meanwhile)
         for block, pieces in job.blocks(lambda texts: tokenize(texts, tok, length, cfg.long),
                                         ahead=device.type == "cuda"):
             rows = embed_tokenized(pieces, model, tok, batch_tokens=cfg.batch_tokens,

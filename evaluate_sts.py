@@ -44,7 +44,7 @@ from support.threads import cpu_threads
 
 
 @dataclass
-class EvalConfig(OnDevice):  # --dtype, --device, --threads as embed.py's (support.device), then
+class EvalConfig(OnDevice):  # embed.py's --dtype, --device, --threads, then these
     model: list = flag(list, "one or more models (hub ids or local directories), side by side")
     data: str = flag("", "folder holding the task files (searched recursively); empty: download "
                          "the STS Benchmark")
@@ -54,8 +54,8 @@ class EvalConfig(OnDevice):  # --dtype, --device, --threads as embed.py's (suppo
     json: str = flag("", "also write the scores here")
     batch_tokens: int = flag(0, "embed.py's token budget per batch (0: its default)", low=0)
     output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: "
-                                    "int8 (ranges from the task's sentences; cosine), binary "
-                                    "(Hamming similarity)")
+                                    "int8 (ranges from the sentences scored together: a task, or "
+                                    "each STS12-16 subset; cosine), binary (Hamming similarity)")
     docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents "
                             "(.txt/.jsonl/.parquet, folders), beside word overlap (BM25, TF-IDF)")
     span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first "

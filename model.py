@@ -120,7 +120,7 @@ class Embeddings(nn.Module):
 
 class Packing:
     """A (B, T) batch padded on the right, as the (N, H) list of the places the token-wise layers
-    run on. Spans of 32-512 tokens batched together are often half padding (§3.1's lengths): every
+    run on. Spans of 32-512 tokens batched together are often half padding (§3.2's lengths): every
     token-wise matmul runs on the real tokens only, and padding exists only inside attention, masked
     there. positions None: the batch left as it is, attending without a mask unless one is given
     (embed.py's batches of texts of near-equal lengths, whose few padding places cost less to run
@@ -149,7 +149,7 @@ class Packing:
         return x if self.positions is None else x[self.positions]
 
     def unpack(self, x):
-        """(N, ...) -> (B, T, ...), zeros at padding"""
+        """(N, ...) -> (B, T, ...), with zeros at padding where there are positions"""
         if self.positions is not None:
             x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
         return x.view(self.B, self.T, *x.shape[1:])
@@ -169,7 +169,7 @@ class Packing:
         """rotary()'s cos and sin at every position, (T, hd): made once a forward for the layers of
         one theta."""
         if (theta, hd) not in self.cos_sin:
-            pairs = torch.arange(0, hd, 2, device=device)  # the first of each pair of dimensions
+            pairs = torch.arange(0, hd, 2, device=device)  # 2i for pair i, the exponent's numerator
             positions = torch.arange(self.T, device=device)[:, None]  # (T, 1)
             angle = positions / theta ** (pairs / hd)  # (T, hd/2)
             self.cos_sin[theta, hd] = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()
@@ -220,7 +220,7 @@ class SelfAttention(nn.Module):
         """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the
         (B, T) layout."""
         B, T, H = packing.B, packing.T, x.shape[-1]
-        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
+        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H); padding masked in attention
         heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
         q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         y = attention(q, k, v, packing.key_mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
@@ -368,7 +368,7 @@ class ModernAttention(nn.Module):
     def forward(self, x, packing):
         """x: (N, H) normalised; returns what the layer adds to its residual stream, (N, H)."""
         B, T, H = packing.B, packing.T, x.shape[-1]
-        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H), zeros at padding
+        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H); padding masked in attention
         heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
         q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         cos, sin = packing.turns(self.theta, H // self.n_head, x.device)  # (T, hd) each

@@ -125,8 +125,9 @@ def positive_span(rng, anchor_start: int, anchor_len: int, n_tokens: int, min_sp
     return positive_start, positive_start + positive_len
 
 
-# Fig. 2's views, the paper's ablation of where a positive lies (--positive-view), each as in the
-# original
+# Fig. 2's views, the paper's ablation of where a positive lies (--positive-view): subsumed and
+# adjacent as the original's code has them, overlapping with no counterpart there
+# (docs/differences.md)
 
 def subsumed(rng, anchor_start, anchor_len, n_tokens, min_span, max_span):
     """Inside its anchor, and no longer than it."""
@@ -167,7 +168,8 @@ POSITIVE_VIEWS = {"overlap": overlapping, "adjacent": adjacent, "subsumed": subs
 def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
     """BERT's MLM corruption: choose p of the eligible tokens; of those 80% <mask>, 10% random, 10%
     kept."""
-    # One uniform draw a token chooses it with probability p (so the count varies, as BERT's does)
+    # One uniform draw a token chooses it with probability p: the count varies, as in transformers'
+    # DataCollatorForLanguageModeling (BERT's own data script masks a fixed count)
     chosen = eligible & (rng.random(ids.shape) < p)
     labels = np.where(chosen, ids, -100)
     # A second splits the chosen 80/10/10; a random token is any but the special ones (the original

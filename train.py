@@ -97,8 +97,10 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' and th
             demo.scratch_shape(shape, "--model scratch:")
 
 
-# Flags that --resume takes from the command line, as they do not change the model's trajectory;
-# any other is refused
+# Flags that --resume takes from the command line (any other is refused): where the run reads,
+# logs, evaluates and checkpoints. Of these, --steps and --epochs replan the schedule,
+# --any-world-size and --changed-data let every later step differ from the run's own (each said
+# when it does), and --threads may move a CPU sum's last digits
 RESUMABLE = runs.RESUMABLE | {"steps", "epochs", "cache_dir"}
 
 
@@ -121,8 +123,8 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
     positives = batch["positives"][:n_anchors * P]
     positive_lengths = batch["positive_lengths"][:n_anchors * P]
     # One list of spans, the A·N anchors first, then the P positives of each anchor in turn, cut
-    # into chunks of similar length so that a 40-token positive never waits on a 500-token anchor
-    # (support/chunks.py)
+    # into chunks within a token budget; on a CPU of similar length, so that a 40-token positive
+    # never waits on a 500-token anchor (support/chunks.py; on a GPU a chunk more costs more)
     chunks = Chunks(groups=[(anchors, batch["anchor_lengths"]), (positives, positive_lengths)],
                     mlm_labels=batch["mlm_labels"] if cfg.mlm else None, budget=cfg.chunk_tokens,
                     device=dev, pad_id=encoder.config.pad_token_id)
@@ -130,8 +132,9 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
     # attention kernels support/device.py allows (flash, memory-efficient, math; never cuDNN's)
     precision = compute(autocast_dtype(cfg.dtype, dev), dev)
     # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step.
-    # Under torchrun a step has two all-reduces besides DDP's gradients and the gather's (loss.py):
-    # this count, and the MLM loss the log reports (metrics.step_losses)
+    # Under torchrun a step has three all-reduces besides DDP's gradients and the gather's
+    # (loss.py): this count, the MLM loss the log reports (metrics.step_losses), and the ranks'
+    # agreement to stop (support/stopping.agreed_stop)
     mlm_weight = mlm_mean_weight(chunks.n_masked, world, dev)
     if cfg.grad_cache:
         return grad_cache_step(model, chunks, precision, n_anchors=n_anchors, P=P,
@@ -310,8 +313,8 @@ def train(run: Run):
             torch.manual_seed(int(seeds.generate_state(1)[0]))
             # Forward and backward of this rank's documents
             stats = train_step(run.model, batch, cfg, run.proc.world, run.scaler)
-            # Every rank holds the same gradient (DDP's average), clipped to norm 1.0, and takes the
-            # same update
+            # Every rank holds the same gradient (DDP's average), clipped to --max-grad-norm (the
+            # paper's 1.0), and takes the same update; each checkpoint re-syncs weights that drifted
             gnorm = optimizer_step(run.opt, run.scaler, run.encoder, cfg.max_grad_norm)
         run.after_step(lr, stats, gnorm)
 

@@ -290,15 +290,14 @@ HUB_FILES = (("config.json",), ("tokenizer.json", "vocab.txt", ("vocab.json", "m
 
 def resolve(name: str, weights: bool = True) -> Path:
     """A local directory as it is, or a hub id, `org/name` or `org/name@revision` (a branch, tag or commit),
-    downloaded: config and tokenizer, plus weights if asked. Its folder is named by the commit it holds."""
+    downloaded: config, tokenizer and sentence-transformers' settings (how many tokens it embeds: what a caller that
+    needs no weights may still need), plus weights if asked. Its folder is named by the commit it holds."""
     d = Path(name).expanduser()
     if d.is_dir():
         return d
     if d.exists():
         raise UserError(f"{name}: not a directory (a model is a folder holding config.json and its weights)")
-    if not weights:
-        return hub_download(*hub_id(name), files=HUB_FILES[:2])
-    folder = hub_download(*hub_id(name), files=HUB_FILES)
+    folder = hub_download(*hub_id(name), files=HUB_FILES if weights else HUB_FILES[:2])
     for optional in ST_FILES:
         _fetch(*hub_id(name), optional)
     return folder
