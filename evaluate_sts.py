@@ -19,23 +19,22 @@ paper report).
 
 On the user's own documents (--docs; train.py --holdout-docs or --eval-docs during a run), held-out
 span retrieval (SPANS): query spans drawn as anchors are, each paired with a target drawn as a
-positive near it but sharing no text (heldout_pairs, below), every target a candidate for every
+positive near it but sharing no text (support/retrieval.py), every target a candidate for every
 query, scored beside word overlap (BM25 and TF-IDF).
 """
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from embed import encode, window
 from model import load_config_and_tokenizer, load_pretrained
-from sampler import SamplerConfig, span_length
+from sampler import SamplerConfig
 from support import cpu_layers, hub, retrieval
 from support.cli import Progress, UserError, cli, flag, parse_config, say
-from support.corpus import prepare_corpus, texts_of
+from support.corpus import prepare_corpus
 from support.device import OnDevice, device_and_dtype, runs_as
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
@@ -179,155 +178,6 @@ def spearman_of(model, tok, pairs, dtype=None) -> float:
     return 100 * spearman(cosines(model, tok, a, b, dtype=dtype), gold)
 
 
-# -----------------------------------------------------------------------------------------------
-# Held-out span retrieval: this project's check on a user's own documents, not the paper's. Does
-# each query span find the span that lay near it, among every target? Word overlap's answers (BM25,
-# TF-IDF) beside it are the figures to beat (support/retrieval.py). A query is drawn as an anchor
-# is, its target as a positive is (§3.2), near it in the same document; but never sharing a token
-# with it, or retrieval would be a string match.
-
-SPAN_GAP = 8  # tokens at least between a query and its target: no text of one is in the other
-# The pairs' own random stream, apart from --seed, so that runs of every seed score the same pairs
-# (70: the issue that brought held-out retrieval; any fixed number would do)
-PAIRS_SEED = 70
-
-
-class Span(NamedTuple):
-    start: int  # its first token in its document
-    end: int  # one past its last
-
-
-class Pair(NamedTuple):
-    doc: int  # the document it lies in, by its place among those the pairs were drawn from
-    query: Span
-    target: Span
-
-
-def span_lengths(window: int) -> tuple[int, int]:
-    """The spans' shortest and longest, in tokens: the paper's 32 and 512, no longer than a model
-    embeds a text whole (its window less <s> and </s>: all-MiniLM-L6-v2's 254), whatever a run
-    trains on, so that runs compare."""
-    longest = min(SamplerConfig.max_span, window - 2)
-    return min(SamplerConfig.min_span, longest), longest
-
-
-def heldout_pair(rng, n_tokens: int, min_span: int, max_span: int, gap: int) -> tuple[Span, Span]:
-    """(query, target) in a stretch of n_tokens: the query's length as an anchor's (Beta(4, 2)), the
-    target's as a positive's (Beta(2, 4)), at least `gap` tokens apart, on either side."""
-    max_span = min(max_span, (n_tokens - gap) // 2)  # a short stretch: shorter spans
-    if max_span < min_span:
-        raise ValueError(f"{n_tokens} tokens: two spans of at least {min_span} tokens, {gap} "
-                         f"apart, need {2 * min_span + gap}")
-    query_len = span_length(rng, 4, 2, min_span, max_span)
-    target_len = span_length(rng, 2, 4, min_span, max_span)
-    # The query's start: uniform over those that leave room for the gap and the target after it,
-    # or before it
-    starts = np.arange(n_tokens - query_len + 1)
-    room_after = starts + query_len + gap + target_len <= n_tokens
-    room_before = starts >= target_len + gap
-    starts = starts[room_after | room_before]
-    query_start = int(starts[rng.integers(len(starts))])
-    query_end = query_start + query_len
-    # The target's start: uniform over the starts on either side, the gap kept
-    before = np.arange(0, query_start - gap - target_len + 1)
-    after = np.arange(query_end + gap, n_tokens - target_len + 1)
-    starts = np.concatenate([before, after])
-    target_start = int(starts[rng.integers(len(starts))])
-    return Span(query_start, query_end), Span(target_start, target_start + target_len)
-
-
-def heldout_pairs(lengths, count: int, min_span: int, max_span: int, gap: int,
-                  seed: int = 0) -> list[Pair]:
-    """Up to `count` pairs from documents of these lengths, no two sharing a token: every document
-    cut into windows of 2·l_max + gap tokens, `count` of the windows drawn, and one pair drawn
-    inside each."""
-    window = 2 * max_span + gap
-    windows = []  # (document, its first token, its tokens)
-    for doc, n in enumerate(lengths.tolist()):
-        if n >= window:
-            windows += [(doc, k * window, window) for k in range(n // window)]
-        elif n >= 2 * min_span + gap:  # a shorter document that holds a pair: one window, all of it
-            windows.append((doc, 0, n))
-    rng = np.random.default_rng([seed, PAIRS_SEED])
-    chosen = np.sort(rng.choice(len(windows), size=min(count, len(windows)), replace=False))
-    pairs = []
-    for k in chosen:
-        doc, first, n = windows[k]
-        query, target = heldout_pair(rng, n, min_span, max_span, gap)
-        query = Span(first + query.start, first + query.end)
-        target = Span(first + target.start, first + target.end)
-        pairs.append(Pair(doc, query, target))
-    return pairs
-
-
-def span_texts(corpus, docs, tok, count: int, lengths: tuple[int, int], *,
-               where: str = "held-out span retrieval", clean: bool = True,
-               field: str = "text") -> tuple[list[str], list[str]]:
-    """Queries and their targets as text, drawn once (PAIRS_SEED) from the corpus's documents `docs`
-    in `tok`'s tokens, `lengths` (shortest, longest) long; each span's text cut from its document
-    (the tokenizer's character offsets), not decoded from its tokens: every model and both word
-    baselines read the same text, as the document has it. One line, that starts with `where`, if no
-    document holds a pair."""
-    min_span, max_span = lengths
-    docs = np.asarray(docs)
-    pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)
-    if not pairs:
-        raise UserError(f"{where}: none of its {len(docs):,} documents holds two spans of "
-                        f"{min_span} tokens {SPAN_GAP} apart ({2 * min_span + SPAN_GAP} tokens)")
-    texts = texts_of(corpus, sorted({int(docs[p.doc]) for p in pairs}), clean, field)
-    offsets = {d: character_offsets(corpus, d, text, tok, where) for d, text in texts.items()}
-
-    def cut(doc: int, span: Span) -> str:  # the span's tokens, as its document's text has them
-        d = int(docs[doc])
-        return texts[d][offsets[d][span.start][0]:offsets[d][span.end - 1][1]]
-
-    queries = [cut(p.doc, p.query) for p in pairs]
-    targets = [cut(p.doc, p.target) for p in pairs]
-    q_len = np.array([p.query.end - p.query.start for p in pairs])
-    t_len = np.array([p.target.end - p.target.start for p in pairs])
-    say(f"{where}: {len(pairs):,} pairs from {len(texts):,} documents; queries "
-        f"{q_len.min()}-{q_len.max()} tokens (mean {q_len.mean():.0f}), targets "
-        f"{t_len.min()}-{t_len.max()} (mean {t_len.mean():.0f}), at least {SPAN_GAP} apart",
-        file=sys.stderr)
-    return queries, targets
-
-
-def character_offsets(corpus, d: int, text: str, tok, where: str) -> list[tuple[int, int]]:
-    """Each token's (first character, one past its last) in document d's text; one line if the text
-    no longer gives the tokens the corpus holds for it."""
-    found = tok.encode(text, add_special_tokens=False)
-    if not np.array_equal(found.ids, corpus.tokens[corpus.offsets[d]:corpus.offsets[d + 1]]):
-        raise UserError(f"{where}: its document {d + 1:,} is not the text it was tokenised from; "
-                        f"was a file changed during the run? ({corpus.dir})")
-    return found.offsets
-
-
-def run_spans(held, tok, window: int, count: int, clean: bool = True, field: str = "text"):
-    """train.py's pairs (--holdout-docs, --eval-docs: support.processes.EvalDocuments), the same at
-    every evaluation: of the paper's span lengths whatever the run's, so that runs compare and
-    evaluate_sts.py --docs on the same documents gives the same figures, no longer than the model's
-    `window` holds."""
-    return span_texts(held.corpus, held.docs, tok, count, span_lengths(window), where=held.flag,
-                      clean=clean, field=field)
-
-
-def span_retrieval(model, tok, queries, targets, *, dtype=None, batch_tokens=0,
-                   share=(0, 1, None)) -> dict:
-    """The encoder's figures on the pairs: each query's target among every target, by the cosine of
-    mean-pooled embeddings in the precision embed.py writes them; then their alignment and
-    uniformity. share: (rank, world, gather) under torchrun, each process embedding its part
-    (gather: its rows -> everyone's, in rank order)."""
-    rank, world, gather = share
-    texts = queries + targets
-    part = -(-len(texts) // world)
-    mine = texts[rank * part:(rank + 1) * part]
-    emb = encode(mine, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype)
-    emb = gather(emb) if world > 1 else emb  # (2n, H)
-    q, t = emb[:len(queries)], emb[len(queries):]
-    ranks = retrieval.target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
-    return retrieval.retrieval(ranks) | retrieval.alignment_uniformity(q, t)
-
-
 @cli
 def main(argv=None):
     cfg = parse_config(EvalConfig, argv, __doc__.split("\n\n")[0])
@@ -368,7 +218,8 @@ def evaluate(cfg: EvalConfig):
                                    progress=progress, dtype=dtype, precision=precision, cache=cache)
         if spans:
             progress.note(f"SPANS, {len(spans[0]):,} pairs")
-            found = span_retrieval(model, tok, *spans, dtype=dtype, batch_tokens=cfg.batch_tokens)
+            found = retrieval.span_retrieval(encode, model, tok, *spans, dtype=dtype,
+                                             batch_tokens=cfg.batch_tokens)
             found["cut"] = retrieval.longer_than(tok, spans[0] + spans[1], window(model) - 2)
             results[name]["SPANS"] = found
         scored_tasks = len(tasks) + (1 if spans else 0)
@@ -393,8 +244,15 @@ def held_out_spans(cfg: EvalConfig) -> tuple[list[str], list[str]]:
     corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
     say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads "
         f"whole)", file=sys.stderr)
-    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, (shortest, longest),
-                      where=f"--docs {' '.join(cfg.docs)}", field=cfg.text_field)
+    return retrieval.span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs,
+                                (shortest, longest), where=f"--docs {' '.join(cfg.docs)}",
+                                field=cfg.text_field)
+
+
+def span_lengths(window: int) -> tuple[int, int]:
+    """Held-out spans' shortest and longest: the paper's 32 and 512 (§3.2), whatever a run trains
+    on, no longer than a model embeds a text whole (support.retrieval.span_lengths)."""
+    return retrieval.span_lengths(window, SamplerConfig.min_span, SamplerConfig.max_span)
 
 
 def model_window(name: str) -> int:

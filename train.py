@@ -31,10 +31,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import evaluate_sts
 import sampler
-from embed import window
+from embed import encode, window
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
-from support import demo, metrics, runs, stopping
+from support import demo, metrics, retrieval, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config, say
 from support.corpus import describe_files
@@ -48,7 +48,6 @@ from support.device import (
     to_device,
 )
 from support.processes import Process, corpus_for_run, eval_documents, gather_rows, processes
-from support.retrieval import word_overlap
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
 from support.training import Run
@@ -367,11 +366,12 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     held = eval_documents(cfg, tok, proc, corpus, resume_from.state if resume_from else None)
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
                                   world_size=proc.world, held_out=held.held_out if held else ())
-    # Held-out span retrieval's pairs, the same at every evaluation (evaluate_sts.py draws them)
+    # Held-out span retrieval's pairs, the same at every evaluation, drawn as evaluate_sts.py does
     spans = None
     if held:
-        spans = evaluate_sts.run_spans(held, tok, window(encoder), cfg.span_pairs,
-                                       clean=not cfg.keep_whitespace, field=cfg.text_field)
+        spans = retrieval.run_spans(held, tok, evaluate_sts.span_lengths(window(encoder)),
+                                    cfg.span_pairs, clean=not cfg.keep_whitespace,
+                                    field=cfg.text_field)
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
     fp16 = autocast_dtype(cfg.dtype, proc.device) == torch.float16
     run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
@@ -386,11 +386,11 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
         # evaluation
         dtype, figures = autocast_dtype("auto", proc.device, cpu_bf16=True), {}
         if spans:  # every rank embeds its share; the start is compared with word overlap
-            found = evaluate_sts.span_retrieval(encoder, tok, *spans, dtype=dtype,
-                                                share=(proc.rank, proc.world, gather_rows))
+            found = retrieval.span_retrieval(encode, encoder, tok, *spans, dtype=dtype,
+                                             share=(proc.rank, proc.world, gather_rows))
             figures |= {f"spans_{k}": v for k, v in found.items()}
             if start:
-                figures |= metrics.word_figures(word_overlap(*spans))
+                figures |= metrics.word_figures(retrieval.word_overlap(*spans))
         if pairs and proc.rank == 0:  # STS-B dev
             stsb = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
             figures["stsb_dev_spearman"] = stsb

@@ -30,7 +30,7 @@ from support.retrieval import NAMES, few_words
 from support.runs import last_checkpoint
 
 METRICS, BOARD = "metrics.jsonl", "tensorboard"  # in the run folder
-SPAN_FIGURES = ("mrr", "recall_at_1", "recall_at_10", "alignment", "uniformity")  # evaluate_sts.span_retrieval's
+SPAN_FIGURES = ("mrr", "recall_at_1", "recall_at_10", "alignment", "uniformity")  # support.retrieval.span_retrieval's
 # metrics.jsonl's numbers as TensorBoard's tags, named as the Hugging Face Trainer names its own
 TAGS = {"contrastive": "train/contrastive", "mlm": "train/mlm", "lr": "train/learning_rate",
         "grad_norm": "train/grad_norm", "tokens_per_s": "train/tokens_per_s", "stsb_dev_spearman": "eval/stsb_dev",

@@ -1,18 +1,180 @@
 """
-support/retrieval.py: the figures of held-out span retrieval (evaluate_sts.span_retrieval, train.py --holdout-docs),
-which a reader of the method can skip: each query's target ranked among every target, recall and MRR; Wang & Isola's
-alignment and uniformity; and word overlap's answers on the same pairs, the figures an encoder must beat: Okapi BM25
-(the word baseline of retrieval work, as Lucene and bm25s score it) and the TF-IDF cosine.
+support/retrieval.py: held-out span retrieval (evaluate_sts.py --docs, train.py --holdout-docs and --eval-docs), this
+project's check on a user's own documents, not the paper's, which a reader of the method can skip: its pairs of
+spans, drawn once; each query's target ranked among every target, recall and MRR; Wang & Isola's alignment and
+uniformity; and word overlap's answers on the same pairs, the figures an encoder must beat: Okapi BM25 (the word
+baseline of retrieval work, as Lucene and bm25s score it) and the TF-IDF cosine.
 """
 import math
 import re
+import sys
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from support.cli import UserError, say
+from support.corpus import texts_of
+
 # Han, Hiragana and Katakana: scripts written without spaces, where \w+ would take a whole clause for one word
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 WORD = re.compile(rf"[{CJK}]+|(?:(?![{CJK}])\w)+")
+
+
+# The pairs: does each query span find the span that lay near it, among every target? A query is
+# drawn as an anchor is, its target as a positive is (DeCLUTR §3.2), near it in the same document;
+# but never sharing a token with it, or retrieval would be a string match.
+
+SPAN_GAP = 8  # tokens at least between a query and its target: no text of one is in the other
+# The pairs' own random stream, apart from --seed, so that runs of every seed score the same pairs
+# (70: the issue that brought held-out retrieval; any fixed number would do)
+PAIRS_SEED = 70
+
+
+class Span(NamedTuple):
+    start: int  # its first token in its document
+    end: int  # one past its last
+
+
+class Pair(NamedTuple):
+    doc: int  # the document it lies in, by its place among those the pairs were drawn from
+    query: Span
+    target: Span
+
+
+def span_lengths(window: int, shortest: int, longest: int) -> tuple[int, int]:
+    """The spans' shortest and longest, in tokens: the paper's (shortest, longest), no longer than a
+    model embeds a text whole (its window less <s> and </s>: all-MiniLM-L6-v2's 254), whatever a run
+    trains on, so that runs compare."""
+    longest = min(longest, window - 2)
+    return min(shortest, longest), longest
+
+
+def span_length(rng, alpha: float, beta: float, min_span: int, max_span: int) -> int:
+    """floor(p * (l_max - l_min) + l_min), p ~ Beta(alpha, beta): sampler.span_length's draw
+    (§3.2), the same numbers from the same generator; written again as support/ imports no method
+    file."""
+    return int(rng.beta(alpha, beta) * (max_span - min_span) + min_span)
+
+
+def heldout_pair(rng, n_tokens: int, min_span: int, max_span: int, gap: int) -> tuple[Span, Span]:
+    """(query, target) in a stretch of n_tokens: the query's length as an anchor's (Beta(4, 2)), the
+    target's as a positive's (Beta(2, 4)), at least `gap` tokens apart, on either side."""
+    max_span = min(max_span, (n_tokens - gap) // 2)  # a short stretch: shorter spans
+    if max_span < min_span:
+        raise ValueError(f"{n_tokens} tokens: two spans of at least {min_span} tokens, {gap} "
+                         f"apart, need {2 * min_span + gap}")
+    query_len = span_length(rng, 4, 2, min_span, max_span)
+    target_len = span_length(rng, 2, 4, min_span, max_span)
+    # The query's start: uniform over those that leave room for the gap and the target after it,
+    # or before it
+    starts = np.arange(n_tokens - query_len + 1)
+    room_after = starts + query_len + gap + target_len <= n_tokens
+    room_before = starts >= target_len + gap
+    starts = starts[room_after | room_before]
+    query_start = int(starts[rng.integers(len(starts))])
+    query_end = query_start + query_len
+    # The target's start: uniform over the starts on either side, the gap kept
+    before = np.arange(0, query_start - gap - target_len + 1)
+    after = np.arange(query_end + gap, n_tokens - target_len + 1)
+    starts = np.concatenate([before, after])
+    target_start = int(starts[rng.integers(len(starts))])
+    return Span(query_start, query_end), Span(target_start, target_start + target_len)
+
+
+def heldout_pairs(lengths, count: int, min_span: int, max_span: int, gap: int,
+                  seed: int = 0) -> list[Pair]:
+    """Up to `count` pairs from documents of these lengths, no two sharing a token: every document
+    cut into windows of 2·l_max + gap tokens, `count` of the windows drawn, and one pair drawn
+    inside each."""
+    window = 2 * max_span + gap
+    windows = []  # (document, its first token, its tokens)
+    for doc, n in enumerate(lengths.tolist()):
+        if n >= window:
+            windows += [(doc, k * window, window) for k in range(n // window)]
+        elif n >= 2 * min_span + gap:  # a shorter document that holds a pair: one window, all of it
+            windows.append((doc, 0, n))
+    rng = np.random.default_rng([seed, PAIRS_SEED])
+    chosen = np.sort(rng.choice(len(windows), size=min(count, len(windows)), replace=False))
+    pairs = []
+    for k in chosen:
+        doc, first, n = windows[k]
+        query, target = heldout_pair(rng, n, min_span, max_span, gap)
+        query = Span(first + query.start, first + query.end)
+        target = Span(first + target.start, first + target.end)
+        pairs.append(Pair(doc, query, target))
+    return pairs
+
+
+def span_texts(corpus, docs, tok, count: int, lengths: tuple[int, int], *,
+               where: str = "held-out span retrieval", clean: bool = True,
+               field: str = "text") -> tuple[list[str], list[str]]:
+    """Queries and their targets as text, drawn once (PAIRS_SEED) from the corpus's documents `docs`
+    in `tok`'s tokens, `lengths` (shortest, longest) long; each span's text cut from its document
+    (the tokenizer's character offsets), not decoded from its tokens: every model and both word
+    baselines read the same text, as the document has it. One line, that starts with `where`, if no
+    document holds a pair."""
+    min_span, max_span = lengths
+    docs = np.asarray(docs)
+    pairs = heldout_pairs(corpus.lengths[docs], count, min_span, max_span, SPAN_GAP)
+    if not pairs:
+        raise UserError(f"{where}: none of its {len(docs):,} documents holds two spans of "
+                        f"{min_span} tokens {SPAN_GAP} apart ({2 * min_span + SPAN_GAP} tokens)")
+    texts = texts_of(corpus, sorted({int(docs[p.doc]) for p in pairs}), clean, field)
+    offsets = {d: character_offsets(corpus, d, text, tok, where) for d, text in texts.items()}
+
+    def cut(doc: int, span: Span) -> str:  # the span's tokens, as its document's text has them
+        d = int(docs[doc])
+        return texts[d][offsets[d][span.start][0]:offsets[d][span.end - 1][1]]
+
+    queries = [cut(p.doc, p.query) for p in pairs]
+    targets = [cut(p.doc, p.target) for p in pairs]
+    q_len = np.array([p.query.end - p.query.start for p in pairs])
+    t_len = np.array([p.target.end - p.target.start for p in pairs])
+    say(f"{where}: {len(pairs):,} pairs from {len(texts):,} documents; queries "
+        f"{q_len.min()}-{q_len.max()} tokens (mean {q_len.mean():.0f}), targets "
+        f"{t_len.min()}-{t_len.max()} (mean {t_len.mean():.0f}), at least {SPAN_GAP} apart",
+        file=sys.stderr)
+    return queries, targets
+
+
+def character_offsets(corpus, d: int, text: str, tok, where: str) -> list[tuple[int, int]]:
+    """Each token's (first character, one past its last) in document d's text; one line if the text
+    no longer gives the tokens the corpus holds for it."""
+    found = tok.encode(text, add_special_tokens=False)
+    if not np.array_equal(found.ids, corpus.tokens[corpus.offsets[d]:corpus.offsets[d + 1]]):
+        raise UserError(f"{where}: its document {d + 1:,} is not the text it was tokenised from; "
+                        f"was a file changed during the run? ({corpus.dir})")
+    return found.offsets
+
+
+def run_spans(held, tok, lengths: tuple[int, int], count: int, clean: bool = True,
+              field: str = "text"):
+    """train.py's pairs (--holdout-docs, --eval-docs: support.processes.EvalDocuments), the same at
+    every evaluation: `lengths` the paper's, whatever the run's (evaluate_sts.span_lengths), so that
+    runs compare and evaluate_sts.py --docs on the same documents gives the same figures."""
+    return span_texts(held.corpus, held.docs, tok, count, lengths, where=held.flag, clean=clean,
+                      field=field)
+
+
+def span_retrieval(encode, model, tok, queries, targets, *, dtype=None, batch_tokens=0,
+                   share=(0, 1, None)) -> dict:
+    """The encoder's figures on the pairs: each query's target among every target, by the cosine of
+    mean-pooled embeddings (`encode`: embed.encode) in the precision embed.py writes them; then
+    their alignment and uniformity. share: (rank, world, gather) under torchrun, each process embedding its part
+    (gather: its rows -> everyone's, in rank order)."""
+    rank, world, gather = share
+    texts = queries + targets
+    part = -(-len(texts) // world)
+    mine = texts[rank * part:(rank + 1) * part]
+    emb = encode(mine, model, tok, batch_tokens=batch_tokens, normalize=True, dtype=dtype)
+    emb = gather(emb) if world > 1 else emb  # (2n, H)
+    q, t = emb[:len(queries)], emb[len(queries):]
+    ranks = target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))
+    return retrieval(ranks) | alignment_uniformity(q, t)
+
+
+# The figures: ranks, recall and MRR, alignment and uniformity; word overlap's
 
 
 def target_ranks(blocks) -> np.ndarray:

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import evaluate_sts  # noqa: E402
 import train  # noqa: E402
+from support import retrieval as R  # noqa: E402
 
-retrieval = evaluate_sts.span_retrieval
+retrieval = R.span_retrieval
 evaluations = []
 
 
@@ -22,5 +22,5 @@ def slow_retrieval(*args, **kwargs):
     return retrieval(*args, **kwargs)
 
 
-evaluate_sts.span_retrieval = slow_retrieval
+R.span_retrieval = slow_retrieval
 train.main(sys.argv[1:])

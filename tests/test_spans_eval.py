@@ -1,7 +1,7 @@
-"""Held-out span retrieval (issue 70): evaluate_sts.heldout_pair(s) draws pairs that never share text, evaluate_sts.py
-ranks them as a naive loop does, TF-IDF and Wang & Isola's figures as worked by hand, a model that cannot tell the
-spans apart scores chance, and train.py evaluates it on documents it never trains on, the same under torchrun and
-on resume."""
+"""Held-out span retrieval (issue 70): support.retrieval.heldout_pair(s) draws pairs that never share text,
+evaluate_sts.py ranks them as a naive loop does, TF-IDF and Wang & Isola's figures as worked by hand, a model that
+cannot tell the spans apart scores chance, and train.py evaluates it on documents it never trains on, the same under
+torchrun and on resume."""
 import collections
 import json
 import math
@@ -20,6 +20,7 @@ import sampler as S
 import support.retrieval as R
 import train as T
 from conftest import WORDS, minilm, oracle, run_here
+from embed import encode
 from support.corpus import prepare_corpus
 from test_train import free_port, reap, run_args, torchrun  # noqa: F401 (reap: a fixture)
 
@@ -35,7 +36,7 @@ def test_a_pair_never_shares_text_and_its_lengths_are_the_paper_s():
     rng, lo, hi, gap = np.random.default_rng(0), 16, 64, 8
     q_frac, t_frac, sides = [], [], collections.Counter()
     for n in [2 * 16 + 8, 50, 100, 136, 500] * 400:
-        (q0, q1), (t0, t1) = E.heldout_pair(rng, n, lo, hi, gap)
+        (q0, q1), (t0, t1) = R.heldout_pair(rng, n, lo, hi, gap)
         top = min(hi, (n - gap) // 2)
         assert 0 <= q0 < q1 <= n and 0 <= t0 < t1 <= n
         assert lo <= q1 - q0 <= top and lo <= t1 - t0 <= top
@@ -48,14 +49,14 @@ def test_a_pair_never_shares_text_and_its_lengths_are_the_paper_s():
     assert abs(np.mean(q_frac) - (2 / 3 - 1 / 96)) < 0.04 and abs(np.mean(t_frac) - (1 / 3 - 1 / 96)) < 0.04
     assert min(sides.values()) > 600
     with pytest.raises(ValueError, match="need 40"):
-        E.heldout_pair(rng, 39, lo, hi, gap)
+        R.heldout_pair(rng, 39, lo, hi, gap)
 
 
 def test_pairs_come_from_windows_that_share_no_text():
     """heldout_pairs: no token in two pairs; at most `count`; a document shorter than a window gives one pair if it
     holds one, none if not; the same pairs every time (a fixed seed)."""
     lengths = np.array([1000, 39, 40, 300, 10_000, 0])
-    pairs = E.heldout_pairs(lengths, 10_000, 16, 64, 8)
+    pairs = R.heldout_pairs(lengths, 10_000, 16, 64, 8)
     window = 2 * 64 + 8
     expected = [1000 // window, 0, 1, 300 // window, 10_000 // window, 0]
     assert np.bincount([p.doc for p in pairs], minlength=len(lengths)).tolist() == expected
@@ -65,8 +66,8 @@ def test_pairs_come_from_windows_that_share_no_text():
             used[q0:q1] += 1
             used[t0:t1] += 1
         assert used.max(initial=0) <= 1
-    few = E.heldout_pairs(lengths, 7, 16, 64, 8)
-    assert len(few) == 7 and few == E.heldout_pairs(lengths, 7, 16, 64, 8)
+    few = R.heldout_pairs(lengths, 7, 16, 64, 8)
+    assert len(few) == 7 and few == R.heldout_pairs(lengths, 7, 16, 64, 8)
 
 
 def written_docs(folder: Path, n_docs: int = 6, n_words: int = 900, seed=0) -> list[str]:
@@ -92,12 +93,12 @@ def test_span_texts_are_the_documents_own_text(tmp_path, tiny):
     for name in (tiny, minilm()):
         _, tok = M.load_config_and_tokenizer(str(name))
         corpus = prepare_corpus([tmp_path / "d"], tok, str(tmp_path / "cache"))
-        queries, targets = E.span_texts(corpus, np.arange(len(corpus)), tok, 300, (8, 40))
+        queries, targets = R.span_texts(corpus, np.arange(len(corpus)), tok, 300, (8, 40))
         assert len(queries) == len(targets) > 100
         for span in queries + targets:
             assert "\ufffd" not in span and any(span in text for text in texts), span
         assert any(c.isupper() for c in "".join(queries)) and "é" in "".join(queries + targets)
-        pairs = E.heldout_pairs(corpus.lengths, 300, 8, 40, E.SPAN_GAP)
+        pairs = R.heldout_pairs(corpus.lengths, 300, 8, 40, R.SPAN_GAP)
         start = corpus.offsets[[p.doc for p in pairs]]
         decoded = tok.decode_batch([corpus.tokens[s + p.query.start:s + p.query.end].tolist()
                                     for s, p in zip(start, pairs, strict=True)])
@@ -137,14 +138,14 @@ def test_a_document_changed_since_it_was_tokenised_is_one_line(tmp_path, tiny, m
     written_docs(tmp_path / "d")
     _, tok = M.load_config_and_tokenizer(str(tiny))
     corpus = prepare_corpus([tmp_path / "d"], tok, str(tmp_path / "cache"))
-    real = E.texts_of
+    real = R.texts_of
 
     def edited(*args, **kwargs):  # a word changed in every document
         return {d: t.replace("River", "Lake") for d, t in real(*args, **kwargs).items()}
 
-    monkeypatch.setattr(E, "texts_of", edited)
-    with pytest.raises(E.UserError, match="is not the text it was tokenised from"):
-        E.span_texts(corpus, np.arange(len(corpus)), tok, 50, (8, 40))
+    monkeypatch.setattr(R, "texts_of", edited)
+    with pytest.raises(R.UserError, match="is not the text it was tokenised from"):
+        R.span_texts(corpus, np.arange(len(corpus)), tok, 50, (8, 40))
 
 
 # --- the figures --------------------------------------------------------------------------------------------
@@ -277,10 +278,10 @@ def test_a_model_that_cannot_tell_spans_apart_scores_chance(tmp_path, tiny):
     for topics in (False, True):
         folder = random_word_docs(tmp_path / f"t{topics}", 30, 2000, topics)
         corpus = prepare_corpus([folder], tok, str(tmp_path / "cache"))
-        spans = E.span_texts(corpus, np.arange(len(corpus)), tok, 400, (8, 32))
+        spans = R.span_texts(corpus, np.arange(len(corpus)), tok, 400, (8, 32))
         assert len(spans[0]) == 400 and not set(spans[0]) & set(spans[1])
         words = R.word_overlap(*spans)
-        figures[topics] = E.span_retrieval(model, tok, *spans), words["tfidf"], words["bm25"]
+        figures[topics] = R.span_retrieval(encode, model, tok, *spans), words["tfidf"], words["bm25"]
     for found in figures[False]:
         assert found["recall_at_1"] < 3 and found["mrr"] < 5, found
     for found in figures[True]:
@@ -426,16 +427,19 @@ def test_each_rank_embeds_its_share_and_gathers_the_whole(tiny, monkeypatch):
     rng = np.random.default_rng(3)
     queries = [" ".join(rng.choice(WORDS, 12)) for _ in range(30)]
     targets = [q.split()[0] + " " + " ".join(rng.choice(WORDS, 6)) for q in queries]
-    whole = E.span_retrieval(model, tok, queries, targets)
-    seen, parts, real = [], {}, E.encode
-    monkeypatch.setattr(E, "encode", lambda texts, *a, **k: seen.append(len(texts)) or real(texts, *a, **k))
+    whole = R.span_retrieval(encode, model, tok, queries, targets)
+    seen, parts = [], {}
+
+    def counted(texts, *a, **k):
+        seen.append(len(texts))
+        return encode(texts, *a, **k)
 
     def gather(rows, rank):
         parts[rank] = rows
         return np.concatenate([parts.get(0, rows), parts.get(1, rows)])  # rank 1 goes first: its figures are not used
 
-    E.span_retrieval(model, tok, queries, targets, share=(1, 2, lambda rows: gather(rows, 1)))
-    shared = E.span_retrieval(model, tok, queries, targets, share=(0, 2, lambda rows: gather(rows, 0)))
+    R.span_retrieval(counted, model, tok, queries, targets, share=(1, 2, lambda rows: gather(rows, 1)))
+    shared = R.span_retrieval(counted, model, tok, queries, targets, share=(0, 2, lambda rows: gather(rows, 0)))
     assert seen == [30, 30]
     for k in whole:
         assert shared[k] == pytest.approx(whole[k], abs=1e-5), k
