@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from encoders import modernbert
 from support import configs, demo, hub
 from support.cli import UserError, cli, model_commands, say
 from support.corpus import document_texts
@@ -68,7 +69,7 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
 
     @property
     def modern(self) -> bool:
-        """ModernBERT (Warner et al., 2024): its own layers, below the RoBERTa and BERT ones."""
+        """ModernBERT (Warner et al., 2024): its own layers, in encoders/modernbert.py."""
         return self.model_type == "modernbert"
 
     @property
@@ -131,8 +132,8 @@ class Packing:
         self.positions = positions  # (N,) flat places in (B*T), or None: all of them
         # (B, 1, 1, T): True at the real keys
         self.key_mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        # ModernBERT's, made once a forward: window -> attend()'s mask; (theta, hd) -> turns()'s
-        self.bands, self.cos_sin = {}, {}
+        # What a layer makes once a forward for the others (ModernBERT's masks and rotations)
+        self.made = {}
 
     @classmethod
     def of(cls, B: int, T: int, attention_mask=None):
@@ -153,28 +154,6 @@ class Packing:
         if self.positions is not None:
             x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
         return x.view(self.B, self.T, *x.shape[1:])
-
-    def attend(self, window: int | None, device):
-        """What a query of ModernBERT may attend to: the real keys, on its local layers only those
-        within `window` positions of it; (B | 1, 1, T | 1, T), or None for everything."""
-        if window is None or self.T <= window + 1:  # every key within the window anyway
-            return self.key_mask
-        if window not in self.bands:  # made once a forward, for every local layer
-            i = torch.arange(self.T, device=device)
-            band = ((i[:, None] - i[None]).abs() <= window)[None, None]  # (1, 1, T, T)
-            self.bands[window] = band if self.key_mask is None else band & self.key_mask
-        return self.bands[window]
-
-    def turns(self, theta: float, hd: int, device):
-        """rotary()'s cos and sin at every position, (T, hd): made once a forward for the layers of
-        one theta."""
-        if (theta, hd) not in self.cos_sin:
-            pairs = torch.arange(0, hd, 2, device=device)  # 2i for pair i, the exponent's numerator
-            positions = torch.arange(self.T, device=device)[:, None]  # (T, 1)
-            angle = positions / theta ** (pairs / hd)  # (T, hd/2)
-            self.cos_sin[theta, hd] = angle.repeat(1, 2).cos(), angle.repeat(1, 2).sin()
-        return self.cos_sin[theta, hd]
-
 
 # Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls
 # around a softmax than in torch's flash kernel, whose fixed cost per (row, head) is several times
@@ -273,13 +252,11 @@ class Encoder(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
-        # ModernBERT's embeddings and layers are its own (below); the packing, the MLM head and the
-        # pooling are shared
+        # ModernBERT's embeddings and layers are its own (encoders/modernbert.py); the packing, the
+        # attention, the MLM head and the pooling are shared
         if c.modern:
-            self.embeddings = ModernEmbeddings(c)
-            self.layers = nn.ModuleList(ModernLayer(c, i) for i in range(c.num_hidden_layers))
-            # its layers are pre-norm: the last one's output is normalised here
-            self.final = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
+            parts = modernbert.parts(c, ACTIVATIONS[c.hidden_act], attention)
+            self.embeddings, self.layers, self.final = parts
         else:
             self.embeddings = Embeddings(c)
             self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
@@ -326,100 +303,13 @@ def mean_pool(hidden, attention_mask):
 
 
 # -----------------------------------------------------------------------------------------------
-# ModernBERT (Warner et al., 2024): pre-norm layers without biases, rotary positions, local
-# attention, GeGLU
-
-
-class ModernEmbeddings(nn.Module):
-    """The word embeddings alone, normalised: ModernBERT's positions are rotations inside
-    attention."""
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
-        self.drop = nn.Dropout(c.embedding_dropout or 0.0)
-
-    def forward(self, ids):
-        return self.drop(self.ln(self.word(ids)))
-
-
-def rotary(x, cos, sin):
-    """Rotary positions (RoPE, Su et al. 2021): each pair of a head's dimensions (i, i + hd/2) of
-    the token at position t turned by Packing.turns's angle t / theta^(2i/hd), so a query-key
-    product depends on their distance."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
-
-
-class ModernAttention(nn.Module):
-    def __init__(self, c: ModelConfig, i: int):
-        super().__init__()
-        self.n_head, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
-        self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.drop = nn.Dropout(c.attention_probs_dropout_prob)
-        # Every n-th layer attends to the whole text; the others within a window, their rotations of
-        # another theta
-        local = i % c.global_attn_every_n_layers != 0
-        self.window = c.local_attention // 2 if local else None
-        self.theta = c.local_rope_theta if local else c.global_rope_theta
-
-    def forward(self, x, packing):
-        """x: (N, H) normalised; returns what the layer adds to its residual stream, (N, H)."""
-        B, T, H = packing.B, packing.T, x.shape[-1]
-        qkv = packing.unpack(self.qkv(x))  # (B, T, 3H); padding masked in attention
-        heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
-        q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        cos, sin = packing.turns(self.theta, H // self.n_head, x.device)  # (T, hd) each
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-        mask = packing.attend(self.window, x.device)
-        y = attention(q, k, v, mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
-        return self.drop(self.out(packing.pack(y.transpose(1, 2).reshape(B, T, H))))
-
-
-class GeGLU(nn.Module):
-    """ModernBERT's feed-forward: the up product makes two halves, the activation of the first gates
-    the second."""
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.act = ACTIVATIONS[c.hidden_act]
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        h, gate = self.up(x).chunk(2, dim=-1)  # (N, I) each
-        return self.down(self.drop(self.act(h) * gate))
-
-
-class ModernLayer(nn.Module):
-    def __init__(self, c: ModelConfig, i: int):
-        super().__init__()
-        # Pre-norm: each block normalises its own input; all but layer 0's attention, whose input
-        # (the embeddings) ModernEmbeddings has normalised already
-        if i > 0:
-            self.attn_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
-        else:
-            self.attn_norm = nn.Identity()
-        self.attn = ModernAttention(c, i)
-        self.mlp_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
-        self.mlp = GeGLU(c)
-
-    def forward(self, x, packing):
-        x = x + self.attn(self.attn_norm(x), packing)
-        return x + self.mlp(self.mlp_norm(x))
-
-
-# -----------------------------------------------------------------------------------------------
 # Hugging Face names <-> ours: an explicit map, checked both ways on load.
 
 
 def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made of (q, k, v are concatenated)."""
     if c.modern:
-        return modernbert_key_map(c)
+        return modernbert.key_map(c)
     p = c.prefix
     m = {"embeddings.word.weight": [f"{p}.embeddings.word_embeddings.weight"],
          "embeddings.position.weight": [f"{p}.embeddings.position_embeddings.weight"],
@@ -439,26 +329,6 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
         m[f"mlm.dense.{wb}"] = [head + f"dense.{wb}"]
         m[f"mlm.ln.{wb}"] = [head + ("layer_norm" if c.roberta else "LayerNorm") + f".{wb}"]
     m["mlm.bias"] = ["lm_head.bias" if c.roberta else "cls.predictions.bias"]
-    return m
-
-
-def modernbert_key_map(c: ModelConfig) -> dict[str, list[str]]:
-    """ModernBERT's names (transformers' ModernBertForMaskedLM): weights only, q, k, v already one
-    tensor."""
-    m = {"embeddings.word.weight": ["model.embeddings.tok_embeddings.weight"],
-         "embeddings.ln.weight": ["model.embeddings.norm.weight"],
-         "final.weight": ["model.final_norm.weight"],
-         "mlm.dense.weight": ["head.dense.weight"], "mlm.ln.weight": ["head.norm.weight"],
-         "mlm.bias": ["decoder.bias"]}
-    for i in range(c.num_hidden_layers):
-        hf, me = f"model.layers.{i}.", f"layers.{i}."
-        m |= {me + "attn.qkv.weight": [hf + "attn.Wqkv.weight"],
-              me + "attn.out.weight": [hf + "attn.Wo.weight"],
-              me + "mlp_norm.weight": [hf + "mlp_norm.weight"],
-              me + "mlp.up.weight": [hf + "mlp.Wi.weight"],
-              me + "mlp.down.weight": [hf + "mlp.Wo.weight"]}
-        if i > 0:  # layer 0 has no attention norm
-            m[me + "attn_norm.weight"] = [hf + "attn_norm.weight"]
     return m
 
 

@@ -1,5 +1,6 @@
 """The project's shape, read from its source with ast: the six method files alone at the top, the machinery in
-support/, imports that run one way (the method files down their own order, support never into a method file), no
+support/, other encoders in encoders/, imports that run one way (the method files down their own order, support and
+encoders never into a method file), no
 one-letter module aliases in the method files, the sampler's settings written once, and a README that stays a
 tutorial whose docs are all linked."""
 import ast
@@ -17,9 +18,11 @@ METHOD_IMPORTS = {"model": set(), "loss": set(), "sampler": {"model"}, "embed": 
 
 
 def modules() -> dict[str, object]:
-    """{name: path} of the project's modules: the top level's by stem, support's as support.NAME."""
+    """{name: path} of the project's modules: the top level's by stem, support's as support.NAME, encoders' as
+    encoders.NAME."""
     found = {p.stem: p for p in ROOT.glob("*.py")}
-    found.update({f"support.{p.stem}": p for p in (ROOT / "support").glob("*.py") if p.stem != "__init__"})
+    for package in ("support", "encoders"):
+        found.update({f"{package}.{p.stem}": p for p in (ROOT / package).glob("*.py") if p.stem != "__init__"})
     return found
 
 
@@ -41,7 +44,7 @@ def project_imports() -> dict[str, set[str]]:
 def layout_problems(graph: dict[str, set[str]]) -> list[str]:
     """What breaks the house's rules in an import graph."""
     problems = [f"{m} imports the method file(s) {sorted(graph[m] & set(METHOD))}" for m in graph
-                if m.startswith("support.") and graph[m] & set(METHOD)]
+                if m.startswith(("support.", "encoders.")) and graph[m] & set(METHOD)]
     problems += [f"{m} imports {sorted(graph[m] & set(METHOD) - METHOD_IMPORTS[m])}" for m in METHOD
                  if graph[m] & set(METHOD) - METHOD_IMPORTS[m]]
     return problems
@@ -72,6 +75,7 @@ def cycle(graph: dict[str, set[str]]):
 def test_the_top_level_holds_the_six_method_files_and_support_the_rest():
     assert sorted(p.stem for p in ROOT.glob("*.py")) == sorted(METHOD)
     assert {p.name for p in (ROOT / "support").glob("*.py")} >= {"__init__.py", "cli.py", "runs.py", "hub.py"}
+    assert {p.name for p in (ROOT / "encoders").glob("*.py")} == {"__init__.py", "modernbert.py"}
 
 
 def test_imports_run_one_way():
@@ -83,6 +87,8 @@ def test_imports_run_one_way():
     # and the rules would tell: support importing a method file, a method file importing against the order
     assert layout_problems({**graph, "support.runs": graph["support.runs"] | {"train"}}) == [
         "support.runs imports the method file(s) ['train']"]
+    assert layout_problems({**graph, "encoders.modernbert": {"model"}}) == [
+        "encoders.modernbert imports the method file(s) ['model']"]
     assert layout_problems({**graph, "model": {"sampler"}}) == ["model imports ['sampler']"]
 
 
