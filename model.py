@@ -28,10 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from encoders import modernbert
-from support import configs, demo, hub
-from support.cli import UserError, cli, model_commands, say
-from support.corpus import document_texts
-from support.files import check_out_folder
+from support import configs, demo, hub, model_tools
+from support.cli import UserError, cli, say
 
 
 @dataclass
@@ -391,29 +389,11 @@ def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int 
     return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
 
 
-# -----------------------------------------------------------------------------------------------
-# python model.py info | convert | scratch
-
-
 @cli
 def main(argv=None):
-    args = model_commands(__doc__.split("\n\n")[0], list(demo.SHAPES)).parse_args(argv)
-    if args.cmd == "info":
-        model, _ = load_pretrained(args.model)
-        c, n = model.config, sum(p.numel() for p in model.parameters())
-        print(f"{args.model}: {c.model_type}, {c.num_hidden_layers} layers, hidden "
-              f"{c.hidden_size}, {c.num_attention_heads} heads, vocab {c.vocab_size}, up to "
-              f"{c.max_tokens} tokens, {n / 1e6:.1f}M parameters")
-    elif args.cmd == "convert":
-        out = hub.convert_bin(args.model, args.out)
-        load_pretrained(str(out))  # proves the result loads
-        print(f"wrote {out / 'model.safetensors'}")
-    else:
-        out = check_out_folder(Path(args.out), args.overwrite)
-        texts = document_texts(args.corpus)
-        model, tok = from_scratch(args.shape, texts, args.seed, quiet=False)
-        save_pretrained(model, tok, out)
-        print(f"wrote {out}: {args.shape}, vocab {model.config.vocab_size}")
+    """python model.py info | convert | scratch: the tools in support/model_tools.py"""
+    model_tools.run(argv, __doc__.split("\n\n")[0], load_pretrained=load_pretrained,
+                    save_pretrained=save_pretrained, from_scratch=from_scratch)
 
 
 if __name__ == "__main__":

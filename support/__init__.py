@@ -16,7 +16,9 @@ support: the machinery a reader does not need to learn DeCLUTR, one concern a mo
     stopping.py how a run stops: Ctrl-C, SIGTERM, out of memory, a rank gone, each in one line
     workers.py  DataLoader workers that can neither outlive the run nor keep it from ending
     hub.py      Hugging Face files: downloads, tokenizers, config.json, safetensors
+    model_tools.py  `python model.py info | convert | scratch`, model.py's loader and saver handed in
     embedding.py  embed.py's inputs checked and read in blocks, progress, a CPU's bf16 batch shapes
     embed_job.py  embed.py's job: blocks shared out among processes, kept as they are done, --resume
     sts_files.py  the STS tasks' files in their original layouts, the STS Benchmark's download, the table
+    retrieval.py  held-out span retrieval: its pairs, drawn once, its figures, word overlap's (BM25, TF-IDF)
 """

@@ -131,25 +131,6 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(message, code=2)
 
 
-def model_commands(doc: str, shapes: list) -> argparse.ArgumentParser:
-    """model.py's sub-commands: info, convert, scratch."""
-    ap = OneLineParser(prog="model.py", description=doc,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="load a checkpoint and print its shape").add_argument("model")
-    cv = sub.add_parser("convert", help="pytorch_model.bin -> model.safetensors (weights_only unpickling)")
-    cv.add_argument("model", help="local directory, or hub id whose repo ships only pytorch_model.bin")
-    cv.add_argument("--out", help="output directory (default: the model's own directory)")
-    sc = sub.add_parser("scratch", help="random init of a named shape, BPE tokenizer trained on --corpus",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sc.add_argument("--shape", default="tiny", choices=shapes, help="named random-init shape")
-    sc.add_argument("--corpus", nargs="+", required=True, help=".txt/.jsonl files (optionally .gz) or folders")
-    sc.add_argument("--out", required=True, help="directory to write the checkpoint into")
-    sc.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
-    sc.add_argument("--overwrite", action="store_true", help="replace what --out holds")
-    return ap
-
-
 def parse_config(cls, argv=None, doc: str = "", positional: tuple = ()):
     """A config dataclass from the command line: one flag per field (or a positional list for the fields named in
     `positional`), its help from flag(), every default shown by --help. Ranges and choices are checked
