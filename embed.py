@@ -26,36 +26,19 @@ from model import Packing, load_pretrained, mean_pool
 from support import cpu_layers, embed_job, embedding
 from support.cli import UserError, cli, flag, parse_config
 from support.device import OnDevice, autocast, compute, device_and_dtype, runs_as, to_device
+from support.embed_job import JobConfig
 from support.hub import special_ids
 from support.processes import processes
 from support.threads import across_cores, cpu_threads
 
 
 @dataclass
-class EmbedConfig(OnDevice):  # --dtype, --device, --threads (support.device.OnDevice), then these
+class EmbedConfig(JobConfig, OnDevice):  # these, the job's (support/embed_job.py), OnDevice's
     model: str = flag("", "hub id or local Hugging Face directory")
-    inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl and .parquet (field "
-                              "text), - (stdin)")
-    text_field: str = flag("text", "the field of a .jsonl line, the column of a .parquet file, "
-                                   "that holds the text")
-    output: str = flag("embeddings.npy", "written under a temporary name (.NAME.partial), renamed "
-                                         "when complete")
-    overwrite: bool = flag(False, "replace an --output that exists, or the unfinished job into it")
-    resume: bool = flag(False, "continue the unfinished job into --output: only its missing blocks "
-                               "are embedded")
-    output_dtype: str = flag("float32", "the rows written; float16 halves an .npy, int8 quarters "
-                                        "it, binary (a bit a dimension) is 1/32",
-                             choices=("float32", "float16", "int8", "binary"))
-    ranges: str = flag("", "int8: each dimension's range, a .ranges.npy embed.py wrote; default: "
-                           "this job's own, written beside --output")
-    format: str = flag("", "default: --output's extension", choices=("npy", "jsonl"))
     normalize: bool = flag(False, "unit vectors, so that dot products are cosines")
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
     batch_tokens: int = flag(0, "padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on "
                                 "a GPU", low=0)
-    block: int = flag(16384, "texts read, sorted and embedded at a time (fewer where texts are "
-                             "long: about 32M characters a block on average): bounds memory for "
-                             "inputs of any size", low=1)
 
     def validate(self):
         embedding.check_flags(self)  # one line for flags that cannot go together

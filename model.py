@@ -187,7 +187,7 @@ def attention(q, k, v, mask, dropout_p: float):
 class SelfAttention(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.n_head, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.n_head, self.dropout_p = c.num_attention_heads, c.attention_probs_dropout_prob
         self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # q, k, v in one matmul
         self.out = nn.Linear(c.hidden_size, c.hidden_size)
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
@@ -200,7 +200,7 @@ class SelfAttention(nn.Module):
         qkv = packing.unpack(self.qkv(x))  # (B, T, 3H); padding masked in attention
         heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
         q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        y = attention(q, k, v, packing.key_mask, self.p if self.training else 0.0)  # (B, nh, T, hd)
+        y = attention(q, k, v, packing.key_mask, self.dropout_p if self.training else 0.0)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 

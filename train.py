@@ -19,7 +19,6 @@ run starts and stops are support/'s.
 """
 import contextlib
 import math
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,9 +33,9 @@ import sampler
 from embed import encode, window
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
-from support import demo, metrics, retrieval, runs, stopping
+from support import demo, metrics, runs, stopping
 from support.chunks import Chunks
-from support.cli import UserError, cli, flag, given_fields, parse_config, say
+from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.corpus import describe_files
 from support.device import (
     autocast_dtype,
@@ -47,10 +46,10 @@ from support.device import (
     set_rng_state,
     to_device,
 )
-from support.processes import Process, corpus_for_run, eval_documents, gather_rows, processes
+from support.processes import Process, corpus_for_run, eval_documents, processes
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
-from support.training import Run
+from support.training import Run, evaluation, model_for_run
 
 NO_SCALING = torch.amp.GradScaler("cpu", enabled=False)  # a loss scale that does nothing (not fp16)
 MAX_STEPS = 10**7  # a month of steps at a quarter of a second each: more is a typo, not a run
@@ -343,19 +342,8 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     pairs = load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
     # The model: the checkpoint's, a pretrained one, or a random-init shape whose BPE rank 0 trains
     # on the documents
-    if resume_from:
-        encoder, tok = resume_from.model
-    elif demo.scratch_name(cfg.model):
-        encoder, tok = demo.scratch_model(cfg, proc, scratch_encoder)
-    else:
-        encoder, tok = load_pretrained(cfg.model, quiet=True)
-        if encoder.fresh_head and cfg.mlm:
-            # From a sentence encoder that ships no head (all-MiniLM-L6-v2), MLM's first gradients
-            # are a random head's, and its masked anchors inputs the encoder never saw: on held-out
-            # books it ended below its start where contrastive alone rose (docs/ablation.md)
-            say(f"{cfg.model}: no MLM head in the checkpoint, a fresh one made; from a "
-                f"sentence encoder, --no-mlm did better on held-out documents "
-                f"(docs/ablation.md)", file=sys.stderr)
+    encoder, tok = model_for_run(cfg, proc, resume_from, load_pretrained=load_pretrained,
+                                 make_encoder=scratch_encoder)
     encoder.to(proc.device).train()
     # On an Ampere or later GPU, fp32's matrix products in TF32 (inputs rounded to 10 bits, sums in
     # fp32): several times faster, and what bf16 autocast leaves in fp32 (loss.py's similarities)
@@ -366,12 +354,6 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     held = eval_documents(cfg, tok, proc, corpus, resume_from.state if resume_from else None)
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
                                   world_size=proc.world, held_out=held.held_out if held else ())
-    # Held-out span retrieval's pairs, the same at every evaluation, drawn as evaluate_sts.py does
-    spans = None
-    if held:
-        spans = retrieval.run_spans(held, tok, evaluate_sts.span_lengths(window(encoder)),
-                                    cfg.span_pairs, clean=not cfg.keep_whitespace,
-                                    field=cfg.text_field)
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
     fp16 = autocast_dtype(cfg.dtype, proc.device) == torch.float16
     run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
@@ -379,28 +361,13 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
               batches=batches, total=cfg.steps or cfg.epochs * batches.steps_per_epoch,
               save_model=save_pretrained, proc=proc, documents=describe_files(cfg.data, corpus),
               held_out_below=held.below if held else None)
-
-    def evaluate(start: bool) -> dict:
-        # In the precision embed.py would use (bf16 on a CPU with AMX), with model.py's own layers:
-        # embed.py's CPU swap (support/cpu_layers.py) would lay the weights out again at every
-        # evaluation
-        dtype, figures = autocast_dtype("auto", proc.device, cpu_bf16=True), {}
-        if spans:  # every rank embeds its share; the start is compared with word overlap
-            found = retrieval.span_retrieval(encode, encoder, tok, *spans, dtype=dtype,
-                                             share=(proc.rank, proc.world, gather_rows))
-            figures |= {f"spans_{k}": v for k, v in found.items()}
-            if start:
-                figures |= metrics.word_figures(retrieval.word_overlap(*spans))
-        if pairs and proc.rank == 0:  # STS-B dev
-            stsb = evaluate_sts.spearman_of(encoder, tok, pairs, dtype=dtype)
-            figures["stsb_dev_spearman"] = stsb
-        return figures
-
-    def schedule(step, total):
-        return lr_at(step, total, cfg.lr, cfg.warmup_frac, cfg.lr_ratio)
-
+    # STS-B dev and held-out span retrieval, each where the run has it, embedded as embed.py does
+    evaluate = evaluation(run, held, pairs, encode=encode, spearman_of=evaluate_sts.spearman_of,
+                          span_lengths=evaluate_sts.span_lengths(window(encoder)))
     # The process group comes up here (support/runs.py)
-    run.begin(resume_from, evaluate if pairs or spans else None, schedule, MAX_STEPS)
+    run.begin(resume_from, evaluate,
+              lambda step, total: lr_at(step, total, cfg.lr, cfg.warmup_frac, cfg.lr_ratio),
+              MAX_STEPS)
     if proc.world > 1:
         # Every rank's gradients averaged in buckets during backward, on this rank's GPU (by its
         # index) or the CPU. With --no-mlm the MLM head takes no part in a step: DDP must be told

@@ -120,8 +120,10 @@ class Check:
         enc.init_weights(torch.Generator().manual_seed(seed))
         if not dropout:
             for m in enc.modules():
-                if isinstance(m, (torch.nn.Dropout, model.SelfAttention)):
+                if isinstance(m, torch.nn.Dropout):
                     m.p = 0.0
+                if isinstance(m, model.SelfAttention):  # attention dropout, a float
+                    m.dropout_p = 0.0
         return enc.to(self.dev).train()
 
     def config(self, **overrides) -> "train.TrainConfig":

@@ -32,12 +32,13 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from support import cpu_layers, embedding, quantize
-from support.cli import Progress, UserError, say
+from support.cli import Progress, UserError, flag, say
 from support.device import prefetched
 from support.files import read_json, write_atomic, write_json
 from support.processes import Process, made_once
@@ -45,6 +46,22 @@ from support.runs import LOCK, holds, layout, lock_run_folder, release_run_folde
 from support.stopping import StopOnSigterm, Terminated
 
 HOST = socket.gethostname().split(".")[0] or "host"
+
+
+@dataclass
+class JobConfig:  # embed.py's flags for the job around the embedding: texts in, rows out, in blocks, resumable
+    inputs: list = flag(list, ".txt (a text a line, empty lines too), .jsonl and .parquet (field text), - (stdin)")
+    text_field: str = flag("text", "the field of a .jsonl line, the column of a .parquet file, that holds the text")
+    output: str = flag("embeddings.npy", "written under a temporary name (.NAME.partial), renamed when complete")
+    overwrite: bool = flag(False, "replace an --output that exists, or the unfinished job into it")
+    resume: bool = flag(False, "continue the unfinished job into --output: only its missing blocks are embedded")
+    output_dtype: str = flag("float32", "the rows written; float16 halves an .npy, int8 quarters it, binary (a bit a "
+                                        "dimension) is 1/32", choices=("float32", "float16", "int8", "binary"))
+    ranges: str = flag("", "int8: each dimension's range, a .ranges.npy embed.py wrote; default: this job's own, "
+                           "written beside --output")
+    format: str = flag("", "default: --output's extension", choices=("npy", "jsonl"))
+    block: int = flag(16384, "texts read, sorted and embedded at a time (fewer where texts are long: about 32M "
+                             "characters a block on average): bounds memory for inputs of any size", low=1)
 
 
 def job_folder(out: Path) -> Path:

@@ -7,6 +7,7 @@ one line. The run folder, resuming and processes are support/runs.py's and suppo
 """
 import contextlib
 import functools
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from support import card, demo, metrics, runs, stopping
+from support import card, demo, metrics, retrieval, runs, stopping
+from support.cli import say
 from support.device import autocast_dtype, say_compiled
-from support.processes import Process, same_weights
+from support.processes import Process, gather_rows, same_weights
 from support.workers import prefetched_batches
 
 
@@ -177,3 +179,52 @@ class Run:
         if self.log is not None:
             self.log.close()
         self.model = self.loader = self.log = None
+
+
+def model_for_run(cfg, proc: Process, resume_from, *, load_pretrained, make_encoder):
+    """(encoder, tokenizer): the checkpoint's on --resume; a random-init shape (--model scratch:SHAPE) whose BPE rank 0
+    trains on the documents (make_encoder: model.scratch_encoder); or a pretrained one (load_pretrained: model's),
+    said where it ships no MLM head and MLM is on."""
+    if resume_from:
+        return resume_from.model
+    if demo.scratch_name(cfg.model):
+        return demo.scratch_model(cfg, proc, make_encoder)
+    encoder, tok = load_pretrained(cfg.model, quiet=True)
+    if encoder.fresh_head and cfg.mlm:
+        # From a sentence encoder that ships no head (all-MiniLM-L6-v2), MLM's first gradients are a random head's,
+        # and its masked anchors inputs the encoder never saw: on held-out books it ended below its start where
+        # contrastive alone rose (docs/ablation.md)
+        say(f"{cfg.model}: no MLM head in the checkpoint, a fresh one made; from a sentence encoder, --no-mlm did "
+            f"better on held-out documents (docs/ablation.md)", file=sys.stderr)
+    return encoder, tok
+
+
+def evaluation(run: Run, held, pairs, *, encode, spearman_of, span_lengths: tuple[int, int]):
+    """The run's evaluation, (start: bool) -> figures, or None where it has nothing to score: held-out span retrieval
+    on --holdout-docs' or --eval-docs' documents (`held`, support.processes.EvalDocuments; its pairs drawn here once,
+    `span_lengths` long, the same at every evaluation), every rank embedding its share, the start compared with word
+    overlap; and STS-B dev's Spearman (`pairs`, --eval-data's) on rank 0. Handed in: embed.encode,
+    evaluate_sts.spearman_of."""
+    cfg, proc, encoder, tok = run.cfg, run.proc, run.encoder, run.tok
+    spans = None
+    if held:
+        spans = retrieval.run_spans(held, tok, span_lengths, cfg.span_pairs, clean=not cfg.keep_whitespace,
+                                    field=cfg.text_field)
+    if not (pairs or spans):
+        return None
+
+    def evaluate(start: bool) -> dict:
+        # In the precision embed.py would use (bf16 on a CPU with AMX), with model.py's own layers: embed.py's CPU
+        # swap (support/cpu_layers.py) would lay the weights out again at every evaluation
+        dtype, figures = autocast_dtype("auto", proc.device, cpu_bf16=True), {}
+        if spans:
+            found = retrieval.span_retrieval(encode, encoder, tok, *spans, dtype=dtype,
+                                             share=(proc.rank, proc.world, gather_rows))
+            figures |= {f"spans_{k}": v for k, v in found.items()}
+            if start:
+                figures |= metrics.word_figures(retrieval.word_overlap(*spans))
+        if pairs and proc.rank == 0:  # STS-B dev
+            figures["stsb_dev_spearman"] = spearman_of(encoder, tok, pairs, dtype=dtype)
+        return figures
+
+    return evaluate
