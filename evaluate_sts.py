@@ -22,7 +22,6 @@ span retrieval (SPANS): query spans drawn as anchors are, each paired with a tar
 positive near it but sharing no text (support/retrieval.py), every target a candidate for every
 query, scored beside word overlap (BM25 and TF-IDF).
 """
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +31,8 @@ import numpy as np
 from embed import encode, window
 from model import load_config_and_tokenizer, load_pretrained
 from sampler import SamplerConfig
-from support import cpu_layers, hub, retrieval
-from support.cli import Progress, UserError, cli, flag, parse_config, say
-from support.corpus import prepare_corpus
+from support import cpu_layers, retrieval
+from support.cli import Progress, UserError, cli, flag, parse_config
 from support.device import OnDevice, device_and_dtype, runs_as
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
@@ -43,7 +41,7 @@ from support.threads import cpu_threads
 
 
 @dataclass
-class EvalConfig(OnDevice):  # embed.py's --dtype, --device, --threads, then these
+class EvalConfig(retrieval.SpansConfig, OnDevice):  # these, --docs', embed.py's --dtype ...
     model: list = flag(list, "one or more models (hub ids or local directories), side by side")
     data: str = flag("", "folder holding the task files (searched recursively); empty: download "
                          "the STS Benchmark")
@@ -55,14 +53,6 @@ class EvalConfig(OnDevice):  # embed.py's --dtype, --device, --threads, then the
     output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: "
                                     "int8 (ranges from the sentences scored together: a task, or "
                                     "each STS12-16 subset; cosine), binary (Hamming similarity)")
-    docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents "
-                            "(.txt/.jsonl/.parquet, folders), beside word overlap (BM25, TF-IDF)")
-    span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first "
-                                 "model's tokens", low=1, high=20000)
-    text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet "
-                                   "file, with the text")
-    cache_dir: str = flag("", "SPANS: --docs' tokens cache; default: $XDG_CACHE_HOME/declutr or "
-                              "~/.cache/declutr")
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
@@ -194,7 +184,9 @@ def evaluate(cfg: EvalConfig):
     # No --data: the STS Benchmark, downloaded once; --docs without --data or --tasks: SPANS alone
     spans_alone = cfg.docs and not (cfg.data or cfg.tasks)
     tasks = {} if spans_alone else tasks_to_score(cfg.data, cfg.split, cfg.tasks)
-    spans = held_out_spans(cfg) if cfg.docs else None
+    spans = None
+    if cfg.docs:  # drawn once, the same text for every model (support/retrieval.py)
+        spans = retrieval.held_out_spans(cfg, span_lengths, load_config_and_tokenizer)
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
@@ -235,32 +227,10 @@ def evaluate(cfg: EvalConfig):
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 
 
-def held_out_spans(cfg: EvalConfig) -> tuple[list[str], list[str]]:
-    """--docs' query and target texts, drawn in the first model's tokens with the paper's span
-    lengths, up to the longest span every model reads whole (its window less <s> and </s>:
-    all-MiniLM-L6-v2 reads 254), the same text for every model."""
-    config, tok = load_config_and_tokenizer(cfg.model[0])
-    shortest, longest = span_lengths(min(model_window(name) for name in cfg.model))
-    corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
-    say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads "
-        f"whole)", file=sys.stderr)
-    return retrieval.span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs,
-                                (shortest, longest), where=f"--docs {' '.join(cfg.docs)}",
-                                field=cfg.text_field)
-
-
 def span_lengths(window: int) -> tuple[int, int]:
     """Held-out spans' shortest and longest: the paper's 32 and 512 (§3.2), whatever a run trains
     on, no longer than a model embeds a text whole (support.retrieval.span_lengths)."""
     return retrieval.span_lengths(window, SamplerConfig.min_span, SamplerConfig.max_span)
-
-
-def model_window(name: str) -> int:
-    """The most tokens a model embeds a text in, <s> and </s> included (embed.window), without its
-    weights."""
-    config, _ = load_config_and_tokenizer(name)
-    settings = hub.read_sentence_transformers(hub.resolve(name, weights=False))
-    return min(config.max_tokens, settings.get("max_seq_length", config.max_tokens))
 
 
 if __name__ == "__main__":

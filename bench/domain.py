@@ -134,8 +134,8 @@ def report(a, out: Path) -> str:
 def pairs_of(a, out: Path, tok) -> tuple[list[str], list[str]]:
     """The held-out pairs every run scored (train.py's draw: the same documents, lengths and seed)."""
     held = corpus.prepare_corpus(a.eval_docs, tok, str(out / "cache"))
-    return retrieval.span_texts(held, np.arange(len(held)), tok, a.span_pairs,
-                                E.span_lengths(E.model_window(a.model)))
+    window = retrieval.model_window(a.model, M.load_config_and_tokenizer)
+    return retrieval.span_texts(held, np.arange(len(held)), tok, a.span_pairs, E.span_lengths(window))
 
 
 def ranks_of(model_path: str, tok, queries: list[str], targets: list[str]) -> np.ndarray:

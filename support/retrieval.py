@@ -8,17 +8,51 @@ baseline of retrieval work, as Lucene and bm25s score it) and the TF-IDF cosine.
 import math
 import re
 import sys
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from support.cli import UserError, say
-from support.corpus import texts_of
+from support import hub
+from support.cli import UserError, flag, say
+from support.corpus import prepare_corpus, texts_of
 
 # Han, Hiragana and Katakana: scripts written without spaces, where \w+ would take a whole clause for one word
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 WORD = re.compile(rf"[{CJK}]+|(?:(?![{CJK}])\w)+")
+
+
+@dataclass
+class SpansConfig:  # evaluate_sts.py's flags for held-out span retrieval, the task SPANS
+    docs: list = flag(list, "also held-out span retrieval (task SPANS) on these documents (.txt/.jsonl/.parquet, "
+                            "folders), beside word overlap (BM25, TF-IDF)")
+    span_pairs: int = flag(4000, "SPANS: query-target pairs drawn from --docs, in the first model's tokens", low=1,
+                           high=20000)
+    text_field: str = flag("text", "SPANS: the field of a .jsonl line, the column of a .parquet file, with the text")
+    cache_dir: str = flag("", "SPANS: --docs' tokens cache; default: $XDG_CACHE_HOME/declutr or ~/.cache/declutr")
+
+
+def held_out_spans(cfg, span_lengths, load_config_and_tokenizer) -> tuple[list[str], list[str]]:
+    """evaluate_sts.py --docs' query and target texts, drawn in the first model's tokens with the paper's span
+    lengths (span_lengths: evaluate_sts's), up to the longest span every model reads whole (its window less <s> and
+    </s>: all-MiniLM-L6-v2 reads 254), the same text for every model."""
+    _, tok = load_config_and_tokenizer(cfg.model[0])
+    shortest, longest = span_lengths(min(model_window(name, load_config_and_tokenizer) for name in cfg.model))
+    corpus = prepare_corpus(cfg.docs, tok, cfg.cache_dir, field=cfg.text_field)
+    say(f"SPANS: spans drawn in {cfg.model[0]}'s tokens, up to {longest} (what every --model reads whole)",
+        file=sys.stderr)
+    return span_texts(corpus, np.arange(len(corpus)), tok, cfg.span_pairs, (shortest, longest),
+                      where=f"--docs {' '.join(cfg.docs)}", field=cfg.text_field)
+
+
+def model_window(name: str, load_config_and_tokenizer) -> int:
+    """The most tokens a model embeds a text in, <s> and </s> included (embed.window), without its weights: its
+    positions, or sentence-transformers' max_seq_length where that is less (model.load_config_and_tokenizer's config;
+    the settings file comes without the weights, support.hub.resolve)."""
+    config, _ = load_config_and_tokenizer(name)
+    settings = hub.read_sentence_transformers(hub.resolve(name, weights=False))
+    return min(config.max_tokens, settings.get("max_seq_length", config.max_tokens))
 
 
 # The pairs: does each query span find the span that lay near it, among every target? A query is

@@ -179,12 +179,12 @@ def test_a_hub_ids_window_is_what_sentence_transformers_reads_before_any_weights
     """evaluate_sts.py --docs draws its spans before any model loads, up to what each model embeds whole: for a hub
     id on a cold cache that is its sentence_bert_config.json's max_seq_length (16 here, below config.json's 64
     positions), fetched without the weights (issue 82)."""
-    import evaluate_sts
+    from support.retrieval import model_window
 
     files = dict(hub["new"], **{"sentence_bert_config.json": b'{"max_seq_length": 16}'})
     Hub.repos["org/st"] = {"refs": {"main": NEW}, "commits": {NEW: files}}
     assert M.load_config_and_tokenizer("org/st")[0].max_tokens > 16  # the config alone would say more
-    assert evaluate_sts.model_window("org/st") == 16
+    assert model_window("org/st", M.load_config_and_tokenizer) == 16
     assert not any(name.endswith(".safetensors") for _, name, _ in Hub.seen)
 
 
