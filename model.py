@@ -1,6 +1,6 @@
 """
-model.py: the encoder that DeCLUTR trains, a RoBERTa or BERT transformer (and ModernBERT), in plain
-PyTorch.
+model.py: the encoder that DeCLUTR trains, a RoBERTa or BERT transformer, in plain PyTorch
+(ModernBERT's own layers: encoders/modernbert.py).
 
 DeCLUTR (Giorgi et al., ACL 2021) §3: an encoder f maps each span to token states; §3.1 mean-pools
 them over the attention mask into one embedding e = g(f(span)); §3.3 adds the encoder's own masked
