@@ -50,8 +50,9 @@ def model_window(name: str, load_config_and_tokenizer) -> int:
     """The most tokens a model embeds a text in, <s> and </s> included (embed.window), without its weights: its
     positions, or sentence-transformers' max_seq_length where that is less (model.load_config_and_tokenizer's config;
     the settings file comes without the weights, support.hub.resolve)."""
-    config, _ = load_config_and_tokenizer(name)
-    settings = hub.read_sentence_transformers(hub.resolve(name, weights=False))
+    folder = hub.resolve(name, weights=False)  # once: the config is read from the folder it fetched
+    config, _ = load_config_and_tokenizer(str(folder))
+    settings = hub.read_sentence_transformers(folder)
     return min(config.max_tokens, settings.get("max_seq_length", config.max_tokens))
 
 

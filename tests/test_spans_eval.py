@@ -133,6 +133,16 @@ def test_spans_are_no_longer_than_every_model_reads(tmp_path, tiny, capsys):
     assert "the bar to beat is" in out and "BM25 (words)" in out.splitlines()[0]
 
 
+def test_the_pairs_lengths_are_the_samplers_draw():
+    """support/retrieval.py writes sampler.span_length's draw again (support/ imports no method file): from the
+    same generator state the two give the same lengths, for anchors' Beta(4, 2) and positives' Beta(2, 4)."""
+    for alpha, beta in ((4, 2), (2, 4)):
+        ours, theirs = np.random.default_rng(7), np.random.default_rng(7)
+        drawn = [(R.span_length(ours, alpha, beta, 32, 254), S.span_length(theirs, alpha, beta, 32, 254))
+                 for _ in range(500)]
+        assert all(a == b for a, b in drawn) and len({a for a, _ in drawn}) > 50
+
+
 def test_a_document_changed_since_it_was_tokenised_is_one_line(tmp_path, tiny, monkeypatch):
     """The spans' text is read again from the files: where it no longer gives the corpus's tokens, one line."""
     written_docs(tmp_path / "d")
