@@ -17,18 +17,16 @@ token budget, so little compute goes to padding, then written back in input orde
     vectors = encode(["A man plays a guitar.", "Someone plays music."], model, tok)   # (2, hidden)
 """
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from model import Packing, load_pretrained, mean_pool
 from support import cpu_layers, embed_job, embedding
-from support.cli import UserError, cli, flag, parse_config
-from support.device import OnDevice, autocast, compute, device_and_dtype, runs_as, to_device
+from support.cli import cli, flag, parse_config
+from support.device import OnDevice, autocast, compute, to_device
 from support.embed_job import JobConfig
 from support.hub import special_ids
-from support.processes import processes
 from support.threads import across_cores, cpu_threads
 
 
@@ -164,42 +162,27 @@ def length_batches(pieces, budget: int):
 
 @cli
 def main(argv=None):
-    cfg = parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
-    with cpu_threads(cfg.threads):
-        embed_files(cfg, argv)
-
-
-def embed_files(cfg: EmbedConfig, argv=None):
     """`python embed.py`, or `torchrun ... embed.py` (a process per GPU, on one machine or several):
     every input's texts embedded in blocks, each block by whichever process takes it, its rows kept
     as soon as they are written, the output named when the last is in (support/embed_job.py: sharing
     out, the record, --resume)."""
-    if not cfg.model:
-        raise UserError("no --model given: a hub id or a local Hugging Face directory")
-    proc = processes()  # torchrun's RANK, LOCAL_RANK, WORLD_SIZE, or one plain process
-    embedding.check_paths(cfg, Path(cfg.output), proc.world)
-    asked = str(proc.device) if cfg.device == "auto" else cfg.device
-    device, dtype = device_and_dtype(asked, cfg.dtype)
-    model, tok = load_pretrained(cfg.model, quiet=True)
-    model.to(device)
-    # On a CPU in bf16, the layers' products as oneDNN's, weights laid out once, where this
-    # processor runs them (support/cpu_layers.py; in fp32 they gave nothing)
-    swap, why_not = cpu_layers.chosen(device, dtype)
-    if cfg.onednn and swap:
-        model = cpu_layers.swap_in(model, dtype)
-    # What runs, said in the job's first line: the device, the precision (and why), the layers
-    runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model),
-                   why_not if cfg.onednn else "")
-    length = window(model)
-    with embed_job.started(cfg, proc, model, device=device, dtype=dtype, max_tokens=length,
-                           argv=argv, runs=runs) as job:
-        # This process's blocks, in input order, each tokenised, embedded and kept (on a GPU the
-        # next block is read and tokenised in a thread meanwhile)
-        for block, pieces in job.blocks(lambda texts: tokenize(texts, tok, length, cfg.long),
-                                        ahead=device.type == "cuda"):
-            rows = embed_tokenized(pieces, model, tok, batch_tokens=cfg.batch_tokens,
-                                   normalize=cfg.normalize, dtype=dtype, progress=job.progress)
-            job.write(block, rows)
+    cfg = parse_config(EmbedConfig, argv, __doc__.split("\n\n")[0], positional=("inputs",))
+    with cpu_threads(cfg.threads):
+        proc, device, dtype = embed_job.place(cfg)  # the paths checked; this process and its device
+        model, tok = load_pretrained(cfg.model, quiet=True)
+        # On a CPU, short rows' attention written out and, in bf16 where this processor runs them,
+        # the layers' products as oneDNN's (support/cpu_layers.py); `runs` says so in the first line
+        model, runs = cpu_layers.for_inference(model.to(device), device, dtype, cfg)
+        length = window(model)
+        with embed_job.started(cfg, proc, model, device=device, dtype=dtype, max_tokens=length,
+                               argv=argv, runs=runs) as job:
+            # This process's blocks, in input order, each tokenised, embedded and kept (on a GPU the
+            # next block is read and tokenised in a thread meanwhile)
+            for block, pieces in job.blocks(lambda texts: tokenize(texts, tok, length, cfg.long),
+                                            ahead=device.type == "cuda"):
+                rows = embed_tokenized(pieces, model, tok, batch_tokens=cfg.batch_tokens,
+                                       normalize=cfg.normalize, dtype=dtype, progress=job.progress)
+                job.write(block, rows)
 
 
 if __name__ == "__main__":

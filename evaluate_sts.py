@@ -33,7 +33,7 @@ from model import load_config_and_tokenizer, load_pretrained
 from sampler import SamplerConfig
 from support import cpu_layers, retrieval
 from support.cli import Progress, UserError, cli, flag, parse_config
-from support.device import OnDevice, device_and_dtype, runs_as
+from support.device import OnDevice, device_and_dtype
 from support.files import write_json
 from support.quantize import PRECISIONS, quantize, ranges_of, similarities
 from support.sts_files import FEW, no_nan, table, tasks_to_score
@@ -192,15 +192,9 @@ def evaluate(cfg: EvalConfig):
     for name in cfg.model:
         t0 = time.time()
         model, tok = load_pretrained(name, quiet=True)
-        model.to(device)
-        # On a CPU in bf16, the layers' products as oneDNN's, weights laid out once, where this
-        # processor runs them (support/cpu_layers.py; in fp32 they gave nothing)
-        swap, why_not = cpu_layers.chosen(device, dtype)
-        if cfg.onednn and swap:
-            model = cpu_layers.swap_in(model, dtype)
-        # What runs, said in the model's first line: the device, the precision (and why), the layers
-        runs = runs_as(device, dtype, cfg.dtype, cpu_layers.swapped(model),
-                       why_not if cfg.onednn else "")
+        # On a CPU, short rows' attention written out and, in bf16 where this processor runs them,
+        # the layers' products as oneDNN's (support/cpu_layers.py); `runs` says so in the first line
+        model, runs = cpu_layers.for_inference(model.to(device), device, dtype, cfg)
         scored = ", ".join([*tasks, *(["SPANS"] if spans else [])])
         progress = Progress("evaluate", f"{name} on {scored}, {runs}")
         cache = {}  # each sentence embedded once, then quantised for each --output-dtype

@@ -8,10 +8,11 @@ language modelling head, so the MLM logits come from the same forward pass as th
 Weights come and go as Hugging Face safetensors through an explicit name map, so transformers and
 sentence-transformers load ours unchanged (hub downloads and file formats: support/hub.py).
 
-The forward below is what runs: in training, on a GPU, in fp32 and in bf16. One swap, made in one
-visible line of embed.py and of evaluate_sts.py, nowhere else: on a CPU in bf16, for inference, the
-layers' linear products become oneDNN's, their weights laid out once and BERT's GELU applied inside
-the up product (support/cpu_layers.py; `--no-onednn` keeps the layers below).
+The forward below is what runs, in fp32 and in bf16. Two swaps on a CPU, each made in one visible
+line, nowhere else (support/cpu_layers.py): attention over rows of up to 64 tokens written out, as
+two matmuls around a softmax (train.py, embed.py, evaluate_sts.py); and for inference in bf16, where
+the processor runs them, the layers' linear products as oneDNN's, their weights laid out once and
+BERT's GELU applied inside the up product (embed.py, evaluate_sts.py; `--no-onednn` keeps ours).
 
     python model.py info distilroberta-base   # download to $HF_HOME/hub once, load, print its shape
     python model.py info path/to/checkpoint   # the same for a local Hugging Face folder
@@ -153,41 +154,18 @@ class Packing:
             x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy_(0, self.positions, x)
         return x.view(self.B, self.T, *x.shape[1:])
 
-# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls
-# around a softmax than in torch's flash kernel, whose fixed cost per (row, head) is several times
-# their arithmetic, once the keys are padded to a multiple of 8 for the softmax to run on whole
-# vectors (13 keys as 16: 3x faster). all-MiniLM-L6-v2 on STS-B's sentences in bf16: the whole
-# forward 10% faster; from about 128 tokens the kernel wins. Attention dropout (BERT's and RoBERTa's
-# training) keeps the fused kernel, which applies it; ModernBERT has none, so on a CPU its training
-# takes the written-out branch for chunks of up to 64 tokens too. A GPU keeps its kernels.
-SHORT_ROWS = 64
-
-
 def attention(q, k, v, mask, dropout_p: float):
     """softmax(q k^T / sqrt(hd), where mask) v for q, k, v (B, nh, T, hd) and a bool mask broadcast
-    to (B, nh, T, T) (None: every key)."""
-    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    # Written out: the keys padded to a multiple of 8, masked there. k and v made contiguous first:
-    # padded by nothing, F.pad keeps its input's strides, which a compiled graph misreads (issue 81)
-    extra = -k.shape[-2] % 8
-    keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
-    k, v = F.pad(k.contiguous(), (0, 0, 0, extra)), F.pad(v.contiguous(), (0, 0, 0, extra))
-    keys = F.pad(keys, (0, extra), value=False)  # (B, nh, T', hd) and (..., T')
-    # The product q k^T in the inputs' precision (bf16 under autocast), then the scaling, the mask
-    # and the softmax in fp32, as the flash kernel keeps its scores. Masked by adding the lowest
-    # finite score, not -inf, so that a query that sees no key (a row of padding) stays finite; the
-    # scaling and the mask in one pass
-    lowest = torch.zeros(keys.shape, device=q.device)
-    lowest.masked_fill_(~keys, torch.finfo(torch.float32).min)
-    scores = torch.add(lowest, q @ k.transpose(-1, -2), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T')
-    return scores.softmax(-1).to(v.dtype) @ v  # (B, nh, T, hd)
+    to (B, nh, T, T) (None: every key): torch's fused kernel. Each layer holds it as `attention`,
+    which on a CPU support/cpu_layers.short_rows swaps for one written out for short rows."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.n_head, self.dropout_p = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.attention = attention  # swapped on a CPU by support/cpu_layers.short_rows
         self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # q, k, v in one matmul
         self.out = nn.Linear(c.hidden_size, c.hidden_size)
         self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
@@ -200,7 +178,7 @@ class SelfAttention(nn.Module):
         qkv = packing.unpack(self.qkv(x))  # (B, T, 3H); padding masked in attention
         heads = qkv.view(B, T, 3, self.n_head, H // self.n_head)
         q, k, v = heads.permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        y = attention(q, k, v, packing.key_mask, self.dropout_p if self.training else 0.0)
+        y = self.attention(q, k, v, packing.key_mask, self.dropout_p if self.training else 0.0)
         y = packing.pack(y.transpose(1, 2).reshape(B, T, H))  # (N, H)
         return self.ln(x + self.drop(self.out(y)))  # post-LayerNorm, as in BERT and RoBERTa
 

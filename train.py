@@ -33,19 +33,10 @@ import sampler
 from embed import encode, window
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
-from support import demo, metrics, runs, stopping
+from support import cpu_layers, demo, device, metrics, runs, stopping
 from support.chunks import Chunks
 from support.cli import UserError, cli, flag, given_fields, parse_config
 from support.corpus import describe_files
-from support.device import (
-    autocast_dtype,
-    check_compile,
-    compiled,
-    compute,
-    rng_state,
-    set_rng_state,
-    to_device,
-)
 from support.processes import Process, corpus_for_run, eval_documents, processes
 from support.sts_files import load_stsb_dev
 from support.threads import cpu_threads
@@ -84,7 +75,7 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' and th
         sampler.SamplerConfig.validate(self)
         runs.RunConfig.validate(self)
         if self.compile:
-            check_compile()
+            device.check_compile()
         if not (self.mlm or self.contrastive):
             raise UserError("--no-mlm and --no-contrastive together leave nothing to train", code=2)
         if self.contrastive and self.docs_per_step * self.num_anchors < 2:
@@ -128,7 +119,7 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
                     device=dev, pad_id=encoder.config.pad_token_id)
     # What the chunks run in: autocast in --dtype's precision (CPU fp32, GPU bf16), and the
     # attention kernels support/device.py allows (flash, memory-efficient, math; never cuDNN's)
-    precision = compute(autocast_dtype(cfg.dtype, dev), dev)
+    precision = device.compute(device.autocast_dtype(cfg.dtype, dev), dev)
     # §3.3: MLM is a mean over the masked tokens of every rank's anchors: one count for the step.
     # Under torchrun a step has three all-reduces besides DDP's gradients and the gather's
     # (loss.py): this count, the MLM loss the log reports (metrics.step_losses), and the ranks'
@@ -181,7 +172,7 @@ class ChunkedEncoder(nn.Module):
         self.encoder = encoder
         # --compile: torch.compile with dynamic shapes, one graph for chunks of every shape
         # (dynamo's duck sizing off, a process-wide setting: support/device.py's compiled)
-        self.chunk_forward = compiled(chunk_forward) if compile else chunk_forward
+        self.chunk_forward = device.compiled(chunk_forward) if compile else chunk_forward
 
     def forward(self, inputs, unsort=None, *, with_mlm: bool = False, mlm_weight=None):
         """inputs: the chunks' (support.chunks.Chunk) -> (S, H) embeddings, in the batch's order
@@ -202,10 +193,10 @@ def contrastive_loss(emb, n_anchors: int, P: int, temperature: float):
     return nt_xent(anchors, positives.view(n_anchors, P, -1), temperature)  # (n, d), (n, P, d)
 
 
-def mlm_mean_weight(n_masked: int, world: int, device) -> torch.Tensor:
+def mlm_mean_weight(n_masked: int, world: int, dev) -> torch.Tensor:
     """What this rank's summed MLM loss is multiplied by to make the global mean: 1 / the masked
     tokens of every rank, times world, as DDP averages the gradients over ranks."""
-    count = to_device(np.asarray(n_masked, dtype=np.float32), device)
+    count = device.to_device(np.asarray(n_masked, dtype=np.float32), dev)
     if world > 1:
         dist.all_reduce(count)
     return world / count.clamp(min=1)
@@ -224,7 +215,7 @@ def grad_cache_step(model, chunks: Chunks, precision, *, n_anchors: int, P: int,
     states, embs = [], []
     with torch.no_grad(), precision:
         for chunk in chunks.inputs:
-            states.append(rng_state(chunks.device))
+            states.append(device.rng_state(chunks.device))
             embs.append(unwrap(model)([chunk])[0])
     # 2. The contrastive loss of the whole batch, and its gradient with respect to every embedding;
     # chunk k's rows of it
@@ -242,7 +233,7 @@ def grad_cache_step(model, chunks: Chunks, precision, *, n_anchors: int, P: int,
     backward_order = sorted(range(len(chunks.inputs)), key=has_anchors)
     mlm = torch.zeros((), device=chunks.device)
     for i, k in enumerate(backward_order):
-        set_rng_state(states[k], chunks.device)
+        device.set_rng_state(states[k], chunks.device)
         with accumulate_locally(model, i < len(backward_order) - 1):
             with precision:
                 e, m = model([chunks.inputs[k]], with_mlm=with_mlm, mlm_weight=mlm_weight)
@@ -345,6 +336,9 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     encoder, tok = model_for_run(cfg, proc, resume_from, load_pretrained=load_pretrained,
                                  make_encoder=scratch_encoder)
     encoder.to(proc.device).train()
+    # On a CPU, short rows' attention written out (support/cpu_layers.py): the evaluation's, and
+    # ModernBERT's in training too, as it has no attention dropout
+    cpu_layers.short_rows(encoder)
     # On an Ampere or later GPU, fp32's matrix products in TF32 (inputs rounded to 10 bits, sums in
     # fp32): several times faster, and what bf16 autocast leaves in fp32 (loss.py's similarities)
     # runs in it too
@@ -355,7 +349,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
                                   world_size=proc.world, held_out=held.held_out if held else ())
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
-    fp16 = autocast_dtype(cfg.dtype, proc.device) == torch.float16
+    fp16 = device.autocast_dtype(cfg.dtype, proc.device) == torch.float16
     run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
               tok=tok, opt=opt, scaler=torch.amp.GradScaler(proc.device.type, enabled=fp16),
               batches=batches, total=cfg.steps or cfg.epochs * batches.steps_per_epoch,

@@ -31,7 +31,7 @@ from _report import cell, delta  # noqa: E402 (bench/_report.py)
 
 import evaluate_sts as E  # noqa: E402
 import model as M  # noqa: E402
-from support import corpus, retrieval  # noqa: E402
+from support import corpus, cpu_layers, retrieval  # noqa: E402
 from support.cli import bench, shared_assets  # noqa: E402
 
 # Each arm: the train.py flags that set it apart from the paper's settings, and what it is
@@ -139,7 +139,7 @@ def pairs_of(a, out: Path, tok) -> tuple[list[str], list[str]]:
 
 
 def ranks_of(model_path: str, tok, queries: list[str], targets: list[str]) -> np.ndarray:
-    model = M.load_pretrained(model_path, quiet=True)[0]
+    model = cpu_layers.short_rows(M.load_pretrained(model_path, quiet=True)[0])  # as evaluate_sts.py runs it
     emb = E.encode(queries + targets, model, tok, normalize=True)
     q, t = emb[:len(queries)], emb[len(queries):]
     return retrieval.target_ranks(q[i:i + 1024] @ t.T for i in range(0, len(q), 1024))

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
-from support import embed_job, embedding  # noqa: E402
+from support import cpu_layers, embed_job, embedding  # noqa: E402
 from support.cli import bench  # noqa: E402
 from support.device import device_and_dtype, device_name  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
@@ -92,6 +92,7 @@ def today(text: Path, out: Path, model_dir: Path, block: int):
     """embed.py before the job (c166367, support/embedding.write_rows): the model loaded, the rows counted, the npy
     header, then each block's rows appended in order, nothing flushed or recorded."""
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
+    cpu_layers.short_rows(model)  # short rows' attention written out, as embed.py ran it then and runs it now
     dtype = device_and_dtype("cpu", "auto")[1]  # as the job's --dtype auto: bf16 on a CPU with AVX512-BF16 or AMX
     n = embedding.count_rows([str(text)], {})[0]
     with open(out, "wb") as f:

@@ -110,8 +110,8 @@ def main():
     t = time.perf_counter()
     model, tok = M.load_pretrained(str(model_dir), quiet=True)
     device, dtype = device_and_dtype("cpu", a.dtype)
-    if cpu_layers.chosen(device, dtype)[0]:  # as embed.py does
-        model = cpu_layers.swap_in(model, dtype)
+    flags = argparse.Namespace(dtype=a.dtype, onednn=True)
+    model = cpu_layers.for_inference(model, device, dtype, flags)[0]  # as embed.py swaps
     wall["model load"] = time.perf_counter() - t
     t = time.perf_counter()
     rows = stsb.read_text(encoding="utf-8").splitlines()

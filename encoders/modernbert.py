@@ -65,7 +65,7 @@ class Attention(nn.Module):
     def __init__(self, c, i: int, attention):
         super().__init__()
         self.n_head, self.dropout_p = c.num_attention_heads, c.attention_probs_dropout_prob
-        self.attention = attention  # model.attention
+        self.attention = attention  # model.attention; on a CPU support/cpu_layers.short_rows swaps it
         self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
         self.out = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
         self.drop = nn.Dropout(c.attention_probs_dropout_prob)

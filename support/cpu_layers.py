@@ -1,13 +1,16 @@
 """
-support/cpu_layers.py: model.py's layers on a CPU, for inference, with their linear products as oneDNN's. Swapped in
-by one visible line in embed.py and in evaluate_sts.py, the way gpt-fast's quantize.py swaps its linear layers;
-nothing else swaps anything, and `--no-onednn` leaves model.py's layers as they are.
+support/cpu_layers.py: model.py's layers as a CPU runs them faster, swapped in the way gpt-fast's quantize.py swaps its
+linear layers, each in one visible line; nothing else swaps anything. Two swaps:
 
+short_rows (train.py, embed.py and evaluate_sts.py on a CPU): each layer's attention written out for rows of up to
+SHORT_ROWS tokens without dropout, as two batched matmuls around a softmax.
+
+swap_in (embed.py and evaluate_sts.py, for inference, unless --no-onednn): the layers' linear products as oneDNN's.
 Each nn.Linear of the encoder's layers becomes oneDNN's product (torch.ops.mkldnn, the operations torch's own
 inductor emits on a CPU) with its weight laid out once in oneDNN's blocked format, where F.linear under bf16 autocast
 casts and lays it out again at every call; and BERT's and RoBERTa's feed-forward applies its GELU inside the up
 product, to the fp32 sums before they are rounded: one pass fewer over the widest activations of the layer, and one
-rounding. Attention, the LayerNorms and the residual sums run as model.py writes them. The figures:
+rounding. The LayerNorms and the residual sums run as model.py writes them. The figures:
 docs/measurements.md (all-MiniLM-L6-v2, a whole embed.py process on an AMX Xeon: 1.16x model.py's own layers).
 
 Swapped in where it runs and pays (chosen()): in bf16, on a processor whose oneDNN runs bf16 products (AVX-512 BW,
@@ -23,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from support.cli import say
+from support.device import runs_as
 
 OPS = ("_linear_pointwise", "_reorder_linear_weight")  # torch.ops.mkldnn's: private, so checked before use
 
@@ -62,6 +66,57 @@ def runs_bf16() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def for_inference(model, device: torch.device, dtype, flags):
+    """embed.py's and evaluate_sts.py's swap, `model` being on `device`: short rows' attention written out on a CPU,
+    and oneDNN's products where chosen() says they pay and --no-onednn does not refuse them (flags: their
+    support.device.OnDevice). -> (the model, what runs, in the words of the first line that says so: runs_as)."""
+    short_rows(model)
+    swap, why_not = chosen(device, dtype)
+    if flags.onednn and swap:
+        model = swap_in(model, dtype)
+    return model, runs_as(device, dtype, flags.dtype, swapped(model), why_not if flags.onednn else "")
+
+
+# Rows of a few dozen tokens (sentences, STS pairs) attend faster on a CPU as two batched matmuls around a softmax than
+# in torch's flash kernel, whose fixed cost per (row, head) is several times their arithmetic, once the keys are padded
+# to a multiple of 8 for the softmax to run on whole vectors (13 keys as 16: 3x faster). all-MiniLM-L6-v2 on STS-B's
+# sentences in bf16: the whole forward 10% faster; from about 128 tokens the kernel wins. Attention dropout (BERT's and
+# RoBERTa's training) keeps the fused kernel, which applies it; ModernBERT has none, so on a CPU its training takes the
+# written-out attention for chunks of up to 64 tokens too. A GPU keeps its kernels.
+SHORT_ROWS = 64
+
+
+def short_rows(model):
+    """Each layer's `attention` (model.py's and ModernBERT's) as short_row_attention around it, in place, where the
+    model is on a CPU; a model on a GPU as it is."""
+    if next(model.parameters()).device.type == "cpu":
+        for module in model.modules():
+            fused = getattr(module, "attention", None)
+            if callable(fused) and getattr(fused, "func", None) is not short_row_attention:
+                module.attention = functools.partial(short_row_attention, fused)
+    return model
+
+
+def short_row_attention(fused, q, k, v, mask, dropout_p: float):
+    """model.attention's softmax(q k^T / sqrt(hd), where mask) v, written out for rows of up to SHORT_ROWS tokens on a
+    CPU without dropout; `fused` (model.attention) for the rest."""
+    if dropout_p > 0 or q.device.type != "cpu" or q.shape[-2] > SHORT_ROWS:
+        return fused(q, k, v, mask, dropout_p)
+    # The keys padded to a multiple of 8, masked there. k and v made contiguous first: padded by nothing, F.pad keeps
+    # its input's strides, which a compiled graph misreads (issue 81)
+    extra = -k.shape[-2] % 8
+    keys = torch.ones(k.shape[-2], dtype=torch.bool, device=k.device) if mask is None else mask
+    k, v = F.pad(k.contiguous(), (0, 0, 0, extra)), F.pad(v.contiguous(), (0, 0, 0, extra))
+    keys = F.pad(keys, (0, extra), value=False)  # (B, nh, T', hd) and (..., T')
+    # The product q k^T in the inputs' precision (bf16 under autocast), then the scaling, the mask and the softmax in
+    # fp32, as the flash kernel keeps its scores. Masked by adding the lowest finite score, not -inf, so that a query
+    # that sees no key (a row of padding) stays finite; the scaling and the mask in one pass
+    lowest = torch.zeros(keys.shape, device=q.device)
+    lowest.masked_fill_(~keys, torch.finfo(torch.float32).min)
+    scores = torch.add(lowest, q @ k.transpose(-1, -2), alpha=q.shape[-1] ** -0.5)  # (B, nh, T, T')
+    return scores.softmax(-1).to(v.dtype) @ v  # (B, nh, T, hd)
 
 
 def swap_in(model, dtype):

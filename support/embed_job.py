@@ -39,9 +39,9 @@ import numpy as np
 
 from support import cpu_layers, embedding, quantize
 from support.cli import Progress, UserError, flag, say
-from support.device import prefetched
+from support.device import device_and_dtype, prefetched
 from support.files import read_json, write_atomic, write_json
-from support.processes import Process, made_once
+from support.processes import Process, made_once, processes
 from support.runs import LOCK, holds, layout, lock_run_folder, release_run_folders, restarted
 from support.stopping import StopOnSigterm, Terminated
 
@@ -62,6 +62,17 @@ class JobConfig:  # embed.py's flags for the job around the embedding: texts in,
     format: str = flag("", "default: --output's extension", choices=("npy", "jsonl"))
     block: int = flag(16384, "texts read, sorted and embedded at a time (fewer where texts are long: about 32M "
                              "characters a block on average): bounds memory for inputs of any size", low=1)
+
+
+def place(cfg):
+    """Before anything loads: --model given and the paths usable (support.embedding.check_paths), then (this process:
+    torchrun's RANK, LOCAL_RANK and WORLD_SIZE, or one plain process; its device; its dtype, None for fp32)."""
+    if not cfg.model:
+        raise UserError("no --model given: a hub id or a local Hugging Face directory")
+    proc = processes()
+    embedding.check_paths(cfg, Path(cfg.output), proc.world)
+    asked = str(proc.device) if cfg.device == "auto" else cfg.device
+    return (proc, *device_and_dtype(asked, cfg.dtype))
 
 
 def job_folder(out: Path) -> Path:

@@ -380,9 +380,8 @@ def test_every_forward_runs_in_the_attention_kernels_chosen_for_it(monkeypatch):
     """torch's dispatcher picks cuDNN's attention first on some torch versions and GPUs (docs/gpu.md): every forward
     (a training step, GradCache's two passes, embed.encode, evaluate's scoring) runs with cuDNN's kernel left out and
     flash, memory-efficient and math allowed, read inside scaled_dot_product_attention itself; the flags are as they
-    were afterwards. A CPU has only flash and math, so it keeps its choice: the same bits as the dispatcher's. (A CPU
-    writes short rows' attention out, model.attention: here every row goes to the kernels, as on a GPU.)"""
-    monkeypatch.setattr(M, "SHORT_ROWS", 0)
+    were afterwards. A CPU has only flash and math, so it keeps its choice: the same bits as the dispatcher's. (The
+    models here are model.py's own, not swapped: every row goes to the kernels, as on a GPU.)"""
     seen, real = [], torch.nn.functional.scaled_dot_product_attention
     flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
              torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)

@@ -1,4 +1,5 @@
 """model.py against transformers and sentence-transformers on the same weights, plus loading, saving and errors."""
+import copy
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import embed as E
 import model as M
 from conftest import minilm, oracle, stsb_sentences
+from support import cpu_layers
 from support import hub as H
 from support.cli import UserError
 
@@ -98,13 +100,18 @@ def test_parity_with_transformers(kind, tmp_path):
     torch.testing.assert_close(full, ref.hidden_states[-1][:1], rtol=0, atol=1e-5)
 
 
+def short(q, k, v, mask, dropout_p):  # the written-out attention, around model.py's
+    return cpu_layers.short_row_attention(M.attention, q, k, v, mask, dropout_p)
+
+
 def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
-    """model.attention's written-out branch, which a CPU takes for rows of up to SHORT_ROWS tokens without dropout,
-    computes what scaled_dot_product_attention does: against SDPA in float64 for key masks, ModernBERT's bands and no
-    mask; in bf16 within 3x the fused kernel's own error; a query that may see no key comes out finite; the fused
-    kernel still runs for longer rows and under dropout; and a whole encoder gives the same states either way."""
+    """support/cpu_layers.short_row_attention, which a CPU swaps in for rows of up to SHORT_ROWS tokens without
+    dropout, computes what scaled_dot_product_attention does: against SDPA in float64 for key masks, ModernBERT's bands
+    and no mask; in bf16 within 3x the fused kernel's own error; a query that may see no key comes out finite; the
+    fused kernel still runs for longer rows and under dropout; and a whole encoder, swapped, gives the same states as
+    model.py's own, its every layer swapped once however often short_rows is called."""
     g = torch.Generator().manual_seed(0)
-    for T in (1, 3, 8, 13, M.SHORT_ROWS):
+    for T in (1, 3, 8, 13, cpu_layers.SHORT_ROWS):
         q, k, v = (torch.randn(5, 3, T, 8, generator=g) for _ in range(3))
         lengths = torch.tensor([T, 1, max(1, T // 2), T, 2])
         keys = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
@@ -112,41 +119,42 @@ def test_short_rows_attend_as_the_fused_kernel_does(monkeypatch):
         for mask in (keys, keys & band, None):
             seen = slice(None) if mask is None else mask.expand(5, 3, T, T).any(-1)  # queries that see a key
             exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)[seen]
-            torch.testing.assert_close(M.attention(q, k, v, mask, 0.0).double()[seen], exact, rtol=0, atol=1e-6)
+            torch.testing.assert_close(short(q, k, v, mask, 0.0).double()[seen], exact, rtol=0, atol=1e-6)
             fused = (F.scaled_dot_product_attention(*(x.bfloat16() for x in (q, k, v)), attn_mask=mask).double()[seen]
                      - exact).abs().max()  # bf16's own error, in the fused kernel
-            ours = (M.attention(*(x.bfloat16() for x in (q, k, v)), mask, 0.0).double()[seen] - exact).abs().max()
+            ours = (short(*(x.bfloat16() for x in (q, k, v)), mask, 0.0).double()[seen] - exact).abs().max()
             assert ours <= 3 * fused + 1e-2, (T, ours, fused)
     nobody = torch.zeros(1, 1, 1, 4, dtype=torch.bool)  # a row of padding alone
-    assert torch.isfinite(M.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody, 0.0)).all()
+    assert torch.isfinite(short(*(torch.randn(1, 2, 4, 8) for _ in range(3)), nobody, 0.0)).all()
     calls = []
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(a[0].shape[-2]) or a[0])
-    for T, p in ((M.SHORT_ROWS, 0.0), (M.SHORT_ROWS + 1, 0.0), (8, 0.1)):
-        M.attention(*(torch.randn(2, 2, T, 8) for _ in range(3)), None, p)
-    assert calls == [M.SHORT_ROWS + 1, 8]
+    for T, p in ((cpu_layers.SHORT_ROWS, 0.0), (cpu_layers.SHORT_ROWS + 1, 0.0), (8, 0.1)):
+        short(*(torch.randn(2, 2, T, 8) for _ in range(3)), None, p)
+    assert calls == [cpu_layers.SHORT_ROWS + 1, 8]
     monkeypatch.undo()
-    enc = M.Encoder(M.ModelConfig(**TINY, max_position_embeddings=100)).eval()
-    ids, mask = torch.randint(3, 300, (3, 90), generator=g), torch.ones(3, 90, dtype=torch.long)
-    mask[1, 40:], mask[2, 7:] = 0, 0
-    with torch.no_grad():
-        fused = enc(ids, mask)  # 90 tokens: the fused kernel
-        monkeypatch.setattr(M, "SHORT_ROWS", 128)
-        torch.testing.assert_close(enc(ids, mask), fused, rtol=0, atol=1e-5)
+    plain = M.Encoder(M.ModelConfig(**TINY, max_position_embeddings=100)).eval()
+    swapped = cpu_layers.short_rows(cpu_layers.short_rows(copy.deepcopy(plain)))
+    assert all(layer.attn.attention.func is cpu_layers.short_row_attention for layer in swapped.layers)
+    assert all(layer.attn.attention.args == (M.attention,) for layer in swapped.layers)  # once, around model.py's
+    ids, mask = torch.randint(3, 300, (3, 40), generator=g), torch.ones(3, 40, dtype=torch.long)
+    mask[1, 20:], mask[2, 7:] = 0, 0
+    with torch.no_grad():  # 40 tokens: written out in the swapped one, the fused kernel in model.py's
+        torch.testing.assert_close(swapped(ids, mask), plain(ids, mask), rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
 def test_short_rows_compile_for_rows_padded_and_not():
-    """torch.compile(dynamic=True) of the written-out branch, as the GPU check's dry run compiles the encoder
+    """torch.compile(dynamic=True) of the written-out attention, as the GPU check's dry run compiles the encoder
     (aot_eager): one graph, traced on rows whose keys are padded to 8, then given rows of 8 and 16 tokens that need
     none. F.pad by nothing copied k in k's own strides, which that graph read as the padded copy's: "view size is not
     compatible with input tensor's size and stride" (issue 81). Each call equals eager's on the same rows."""
-    compiled = torch.compile(M.attention, dynamic=True, backend="aot_eager")
+    compiled = torch.compile(short, dynamic=True, backend="aot_eager")
     g = torch.Generator().manual_seed(0)
     for B, T in ((6, 13), (5, 8), (3, 21), (4, 16)):
         qkv = torch.randn(B, T, 3, 2, 8, generator=g)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # as SelfAttention makes them: views across the heads
         mask = (torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g))[:, None, None, :]
-        torch.testing.assert_close(compiled(q, k, v, mask, 0.0), M.attention(q, k, v, mask, 0.0), rtol=0, atol=1e-6)
+        torch.testing.assert_close(compiled(q, k, v, mask, 0.0), short(q, k, v, mask, 0.0), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["roberta", "bert"])
