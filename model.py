@@ -359,19 +359,11 @@ def scratch_encoder(shape: str, vocab_size: int, seed: int = 0,
     return model
 
 
-def from_scratch(shape: str, texts, seed: int = 0, max_position_embeddings: int = 514,
-                 quiet: bool = True):
-    """(random-init encoder, byte-level BPE trained on `texts`): the demo's tokenizer, then
-    scratch_encoder for it."""
-    tok = demo.scratch_tokenizer(shape, texts, quiet)
-    return scratch_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
-
-
 @cli
 def main(argv=None):
     """python model.py info | convert | scratch: the tools in support/model_tools.py"""
     model_tools.run(argv, __doc__.split("\n\n")[0], load_pretrained=load_pretrained,
-                    save_pretrained=save_pretrained, from_scratch=from_scratch)
+                    save_pretrained=save_pretrained, scratch_encoder=scratch_encoder)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
-from support import cpu_layers, embed_job, embedding  # noqa: E402
+from support import cpu_layers, demo, embed_job, embedding  # noqa: E402
 from support.cli import bench  # noqa: E402
 from support.device import device_and_dtype, device_name  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
@@ -55,7 +55,7 @@ def inputs(folder: Path, lines: int) -> tuple[Path, Path]:
     (folder / "in.txt").write_text("\n".join((texts * (lines // len(texts) + 1))[:lines]) + "\n")
     if not minilm.exists():
         minilm = folder / "tiny"
-        M.save_pretrained(*M.from_scratch("tiny", texts[:500]), minilm)
+        M.save_pretrained(*demo.from_scratch(M.scratch_encoder, "tiny", texts[:500]), minilm)
     return folder / "in.txt", minilm
 
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from _measure import measured, processor  # noqa: E402 (bench/_measure.py: what the other embedding benchmarks use)
 
 from evaluate_sts import spearman  # noqa: E402
+from support import demo  # noqa: E402
 from support.cli import UserError, bench, shared_assets  # noqa: E402
 from support.sts_files import read_stsb  # noqa: E402
 
@@ -189,7 +190,7 @@ def memory(a, d: Path):
 
     rows = (Path(a.shared) / "data/sts/stsbenchmark/sts-dev.csv").read_text(encoding="utf-8").splitlines()
     texts = [s for r in rows for s in r.split("\t")[5:7]]
-    m, t = M.from_scratch("tiny", texts * 3)
+    m, t = demo.from_scratch(M.scratch_encoder, "tiny", texts * 3)
     M.save_pretrained(m, t, d / "tiny")
     print("| input | seconds | peak resident MB (embed.py process) | output |\n|---|---|---|---|")
     for n in (100_000, a.memory):

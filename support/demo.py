@@ -89,6 +89,13 @@ def scratch_tokenizer(shape: str, texts, quiet: bool = True):
     return hub.train_tokenizer(texts, scratch_shape(shape)["vocab_size"], quiet)
 
 
+def from_scratch(make_encoder, shape: str, texts, seed: int = 0, max_position_embeddings: int = 514, quiet=True):
+    """(random-init encoder, byte-level BPE trained on `texts`): scratch_tokenizer, then make_encoder(shape,
+    vocab_size, seed, max_position_embeddings) (model.scratch_encoder) for it."""
+    tok = scratch_tokenizer(shape, texts, quiet)
+    return make_encoder(shape, tok.get_vocab_size(), seed, max_position_embeddings), tok
+
+
 def scratch_model(cfg, proc: Process, make_encoder):
     """(encoder, tokenizer) of --model scratch:SHAPE: a BPE of the shape's vocabulary trained on the run's own
     documents by rank 0 (the others take it from there), and make_encoder(shape, vocab_size, seed)

@@ -12,8 +12,8 @@ from support.corpus import document_texts
 from support.files import check_out_folder
 
 
-def run(argv, doc: str, *, load_pretrained, save_pretrained, from_scratch):
-    """model.py's main: the sub-command argv names, with model.py's loader, saver and from_scratch."""
+def run(argv, doc: str, *, load_pretrained, save_pretrained, scratch_encoder):
+    """model.py's main: the sub-command argv names, with model.py's loader, saver and scratch_encoder."""
     args = parser(doc).parse_args(argv)
     if args.cmd == "info":
         model, _ = load_pretrained(args.model)
@@ -28,7 +28,7 @@ def run(argv, doc: str, *, load_pretrained, save_pretrained, from_scratch):
     else:
         out = check_out_folder(Path(args.out), args.overwrite)
         texts = document_texts(args.corpus)
-        model, tok = from_scratch(args.shape, texts, args.seed, quiet=False)
+        model, tok = demo.from_scratch(scratch_encoder, args.shape, texts, args.seed, quiet=False)
         save_pretrained(model, tok, out)
         print(f"wrote {out}: {args.shape}, vocab {model.config.vocab_size}")
 

@@ -114,7 +114,7 @@ def tiny(tmp_path_factory):
     import model as M
 
     d = tmp_path_factory.mktemp("tiny")
-    M.save_pretrained(*M.from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
+    M.save_pretrained(*from_scratch("tiny", ["the cat sat on the mat while a dog barked at the moon"] * 50), d)
     return d
 
 
@@ -194,6 +194,13 @@ def bench_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def from_scratch(shape: str, texts, **kwargs):
+    """(model.scratch_encoder of a named shape, a BPE trained on `texts`): support.demo.from_scratch."""
+    import model as M
+    from support import demo
+    return demo.from_scratch(M.scratch_encoder, shape, texts, **kwargs)
 
 
 def tiny_encoder(vocab=300, seed=0, dropout=0.0):

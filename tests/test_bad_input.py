@@ -16,7 +16,7 @@ import embed as E
 import evaluate_sts as V
 import model as M
 import train as T
-from conftest import ROOT
+from conftest import ROOT, from_scratch
 from support import runs
 from support.cli import UserError
 from support.files import write_atomic
@@ -372,7 +372,7 @@ def test_convert_names_a_missing_folder_and_a_damaged_file(tmp_path, capsys):
     code, line = fails(M.main, ["convert", str(tmp_path / "missing" / "path")], capsys)
     assert code == 1 and line == f"error: {tmp_path / 'missing' / 'path'}: no such folder"  # not "cannot reach the hub"
     d = tmp_path / "m"
-    M.save_pretrained(*M.from_scratch("tiny", ["a cat sat on a mat"] * 30), d)
+    M.save_pretrained(*from_scratch("tiny", ["a cat sat on a mat"] * 30), d)
     import torch
     from safetensors.torch import load_file
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import embed as E
 import model as M
-from conftest import ROOT, WORDS, minilm, oracle, run_here, stsb_sentences
+from conftest import ROOT, WORDS, from_scratch, minilm, oracle, run_here, stsb_sentences
 from support import cpu_layers, embedding, threads
 from support.device import device_and_dtype
 from support.threads import across_cores, cpu_threads
@@ -34,7 +34,7 @@ def naive(texts, model, tok):
 
 
 def test_encode_equals_one_at_a_time_in_input_order():
-    model, tok = M.from_scratch("tiny", ["alpha beta gamma delta"] * 30)
+    model, tok = from_scratch("tiny", ["alpha beta gamma delta"] * 30)
     model.eval()
     texts = ["alpha", "", "beta gamma " * 40, "delta alpha beta", "gamma " * 700, "alpha"]
     emb = E.encode(texts, model, tok, batch_tokens=64)
@@ -46,7 +46,7 @@ def test_encode_equals_one_at_a_time_in_input_order():
 def test_encode_turns_dropout_off_and_gives_the_mode_back():
     """A model left in training mode (dropout 0.1, as a scratch or just-trained one is) embeds as the naive loop
     does in eval mode, the same each call, and is in training mode again afterwards."""
-    model, tok = M.from_scratch("tiny", ["alpha beta gamma delta"] * 30)
+    model, tok = from_scratch("tiny", ["alpha beta gamma delta"] * 30)
     texts = ["alpha beta", "gamma delta alpha", "delta " * 20]
     model.train()
     emb = E.encode(texts, model, tok)
@@ -55,7 +55,7 @@ def test_encode_turns_dropout_off_and_gives_the_mode_back():
 
 
 def test_long_chunk_is_the_mean_of_overlapping_windows():
-    model, tok = M.from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
+    model, tok = from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
     model.eval()
     text = " ".join(["one two three four five six"] * 6)  # ~36 tokens; the model takes 20 with <s> and </s>
     ids = tok.encode(text).ids

@@ -12,7 +12,7 @@ import pytest
 
 import evaluate_sts as E
 import model as M
-from conftest import SHARED, minilm, need, stsb_dev
+from conftest import SHARED, from_scratch, minilm, need, stsb_dev
 from support.cli import UserError
 from support.sts_files import download_stsb, find_tasks, load_stsb_dev
 
@@ -108,7 +108,7 @@ def test_minilm_on_sick_trial(tmp_path):
 def test_two_models_side_by_side_and_aggregations(tmp_path, capsys):
     texts = ["a man is playing a guitar while a woman sings"] * 40
     for seed in (0, 1):
-        M.save_pretrained(*M.from_scratch("tiny", texts, seed=seed), tmp_path / f"m{seed}")
+        M.save_pretrained(*from_scratch("tiny", texts, seed=seed), tmp_path / f"m{seed}")
     names = [str(tmp_path / "m0"), str(tmp_path / "m1")]
     E.main(["--model", names[0], "--model", names[1], "--data", str(need(SAMPLES)), "--json", str(tmp_path / "r.json")])
     r = json.loads((tmp_path / "r.json").read_text())

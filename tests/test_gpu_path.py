@@ -17,7 +17,7 @@ import embed
 import evaluate_sts
 import model as M
 import train as T
-from conftest import ROOT, bench_script, step_chunks, synthetic_batch, tiny_encoder
+from conftest import ROOT, bench_script, from_scratch, step_chunks, synthetic_batch, tiny_encoder
 from support import device, processes, runs
 from support.chunks import length_groups
 from support.cli import UserError
@@ -393,7 +393,7 @@ def test_every_forward_runs_in_the_attention_kernels_chosen_for_it(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     enc, batch = tiny_encoder(), synthetic_batch(3, seed=5)
     texts = ["a man plays a guitar", "a woman sings", "", "the cat " * 30]
-    model, tok = M.from_scratch("tiny", [" ".join(texts)] * 20)
+    model, tok = from_scratch("tiny", [" ".join(texts)] * 20)
     for name, run in {"train_step": lambda: step_grads(enc, batch),
                       "grad cache": lambda: step_grads(enc, batch, grad_cache=True, chunk_tokens=60),
                       "embed": lambda: embed.encode(texts, model, tok),
@@ -420,7 +420,7 @@ def test_a_batch_holds_at_most_max_rows_whatever_the_token_budget(monkeypatch):
     blocks a GPU's fused attention kernels can put on a grid dimension: each batch holds at most MAX_ROWS rows, every
     text is embedded once, as it is alone."""
     assert embed.MAX_ROWS <= 65535
-    model, tok = M.from_scratch("tiny", ["alpha beta gamma"] * 20)
+    model, tok = from_scratch("tiny", ["alpha beta gamma"] * 20)
     rows, real = [], model.forward
 
     def forward(ids, *args, **kwargs):
@@ -473,7 +473,7 @@ def test_evaluate_scores_the_embeddings_embed_writes(tmp_path):
     assert embed.EmbedConfig().dtype == evaluate_sts.EvalConfig().dtype == "auto"
     assert embed.EmbedConfig().device == evaluate_sts.EvalConfig().device == "auto"
     texts = ["a man plays a guitar", "a woman sings a song", "the cat sat on the mat", "a dog runs in the park"]
-    M.save_pretrained(*M.from_scratch("tiny", [" ".join(texts)] * 30), tmp_path / "m")
+    M.save_pretrained(*from_scratch("tiny", [" ".join(texts)] * 30), tmp_path / "m")
     pairs = [(0, 1, 3.0), (2, 3, 2.5), (0, 2, 0.5), (1, 3, 1.0), (0, 3, 2.0), (1, 2, 4.0)]
     (tmp_path / "sts").mkdir()
     (tmp_path / "sts" / "sts-dev.csv").write_text(

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import embed as E
 import model as M
-from conftest import minilm, oracle, stsb_sentences
+from conftest import from_scratch, minilm, oracle, stsb_sentences
 from support import cpu_layers
 from support import hub as H
 from support.cli import UserError
@@ -332,7 +332,7 @@ def test_truncation_keeps_the_end_token():
 
 def test_scratch_saves_a_checkpoint_transformers_and_sentence_transformers_load(tmp_path):
     texts = [" ".join(f"w{i % 97} x{(i * 7) % 13}" for i in range(j, j + 300)) for j in range(40)]
-    model, tok = M.from_scratch("tiny", texts, seed=0)
+    model, tok = from_scratch("tiny", texts, seed=0)
     assert model.config.vocab_size == tok.get_vocab_size() <= 4096
     sp = H.special_ids(tok)
     assert (sp["cls"], sp["pad"], sp["sep"]) == (0, 1, 2)

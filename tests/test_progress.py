@@ -8,12 +8,12 @@ import numpy as np
 
 import embed as E
 import model as M
-from conftest import run_here
+from conftest import from_scratch, run_here
 
 
 def test_chunk_counter_counts_texts_and_windows_apart():
     """Long texts split into several windows: texts are counted once each, when their last window is done."""
-    model, tok = M.from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
+    model, tok = from_scratch("tiny", ["one two three four five six"] * 30, max_position_embeddings=22)
     texts = [" ".join(["one two three four five six"] * k) for k in (1, 6, 3, 9, 1, 12)]
     windows = sum(len(E._segments(e.ids, model.config.max_tokens, "chunk")) for e in tok.encode_batch(texts))
     seen = []
@@ -67,7 +67,7 @@ def test_long_phases_report_progress_to_a_log(tmp_path, monkeypatch):
 def test_saved_model_files_share_one_mode(tmp_path):
     old = os.umask(0o027)
     try:
-        M.save_pretrained(*M.from_scratch("tiny", ["a b c d e f g"] * 20), tmp_path / "m")
+        M.save_pretrained(*from_scratch("tiny", ["a b c d e f g"] * 20), tmp_path / "m")
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").rglob("*") if p.is_file()}
