@@ -35,8 +35,7 @@ class EmbedConfig(JobConfig, OnDevice):  # these, the job's (support/embed_job.p
     model: str = flag("", "hub id or local Hugging Face directory")
     normalize: bool = flag(False, "unit vectors, so that dot products are cosines")
     long: str = flag("truncate", "texts over the model's length", choices=("truncate", "chunk"))
-    batch_tokens: int = flag(0, "padded tokens per batch; 0: 2048 on a CPU (cache-sized), 65536 on "
-                                "a GPU", low=0)
+    batch_tokens: int = flag(0, "padded tokens a batch; 0: 2048 on a CPU, 65536 on a GPU", low=0)
 
     def validate(self):
         embedding.check_flags(self)  # one line for flags that cannot go together
@@ -83,15 +82,15 @@ def encode(texts, model, tok, *, batch_tokens: int = 0, long: str = "truncate",
     """Mean-pooled embeddings (len(texts), hidden) in input order, float32. progress(texts, windows)
     is told, after each batch, how many texts it finished (a text is finished once all its windows
     are) and how many windows ran."""
-    return embed_tokenized(tokenize(texts, tok, window(model), long), model, tok,
+    return embed_tokenized(tokenize(texts, tok, max_seq_length(model), long), model, tok,
                            batch_tokens=batch_tokens, normalize=normalize, dtype=dtype,
                            progress=progress)
 
 
-def window(model) -> int:
-    """The longest window a text is embedded in, <s> and </s> included: the model's positions, or
-    the max_seq_length of its sentence-transformers config where that is shorter, as
-    sentence-transformers itself truncates."""
+def max_seq_length(model) -> int:
+    """The most tokens of a text embedded at once (a --long chunk window's length), <s> and </s>
+    included: the model's positions, or its sentence-transformers config's max_seq_length where
+    that is shorter, as sentence-transformers itself truncates."""
     limit = model.sentence_transformers.get("max_seq_length", model.config.max_tokens)
     return min(model.config.max_tokens, limit)
 
@@ -173,7 +172,7 @@ def main(argv=None):
         # On a CPU, short rows' attention written out and, in bf16 where this processor runs them,
         # the layers' products as oneDNN's (support/cpu_layers.py); `runs` says so in the first line
         model, runs = cpu_layers.for_inference(model.to(device), device, dtype, cfg)
-        length = window(model)
+        length = max_seq_length(model)
         with embed_job.started(cfg, proc, model, device=device, dtype=dtype, max_tokens=length,
                                argv=argv, runs=runs) as job:
             # This process's blocks, in input order, each tokenised, embedded and kept (on a GPU the

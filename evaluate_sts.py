@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embed import encode, window
+from embed import encode, max_seq_length
 from model import load_config_and_tokenizer, load_pretrained
 from sampler import SamplerConfig
 from support import cpu_layers, retrieval
@@ -43,16 +43,13 @@ from support.threads import cpu_threads
 @dataclass
 class EvalConfig(retrieval.SpansConfig, OnDevice):  # these, --docs', embed.py's --dtype ...
     model: list = flag(list, "one or more models (hub ids or local directories), side by side")
-    data: str = flag("", "folder holding the task files (searched recursively); empty: download "
-                         "the STS Benchmark")
-    tasks: list = flag(list, "subset of STSB SICKR STS12 STS13 STS14 STS15 STS16 (default: all "
-                             "found)")
+    data: str = flag("", "folder the task files are found in; empty: STS Benchmark, downloaded")
+    tasks: list = flag(list, "of STSB SICKR STS12 STS13 STS14 STS15 STS16; default: all found")
     split: str = flag("test", "STS12-16 have only test data", choices=("test", "dev"))
     json: str = flag("", "also write the scores here")
     batch_tokens: int = flag(0, "embed.py's token budget per batch (0: its default)", low=0)
-    output_dtype: list = flag(list, "also score the rows as embed.py --output-dtype writes them: "
-                                    "int8 (ranges from the sentences scored together: a task, or "
-                                    "each STS12-16 subset; cosine), binary (Hamming similarity)")
+    output_dtype: list = flag(list, "also score rows as embed.py --output-dtype writes them: "
+                                    "int8 (cosine; ranges per task or subset), binary (Hamming)")
 
     def validate(self):
         if unknown := [t for t in self.tasks if t not in TASKS]:
@@ -184,9 +181,8 @@ def evaluate(cfg: EvalConfig):
     # No --data: the STS Benchmark, downloaded once; --docs without --data or --tasks: SPANS alone
     spans_alone = cfg.docs and not (cfg.data or cfg.tasks)
     tasks = {} if spans_alone else tasks_to_score(cfg.data, cfg.split, cfg.tasks)
-    spans = None
-    if cfg.docs:  # drawn once, the same text for every model (support/retrieval.py)
-        spans = retrieval.held_out_spans(cfg, span_lengths, load_config_and_tokenizer)
+    # --docs: held-out span retrieval's pairs, drawn once, the same text for every model
+    spans = cfg.docs and retrieval.held_out_spans(cfg, span_lengths, load_config_and_tokenizer)
     device, dtype = device_and_dtype(cfg.device, cfg.dtype)
     results = {}
     for name in cfg.model:
@@ -202,14 +198,11 @@ def evaluate(cfg: EvalConfig):
             label = name if precision == "float32" else f"{name} {precision}"
             results[label] = score(model, tok, tasks, batch_tokens=cfg.batch_tokens,
                                    progress=progress, dtype=dtype, precision=precision, cache=cache)
-        if spans:
-            progress.note(f"SPANS, {len(spans[0]):,} pairs")
-            found = retrieval.span_retrieval(encode, model, tok, *spans, dtype=dtype,
-                                             batch_tokens=cfg.batch_tokens)
-            found["cut"] = retrieval.longer_than(tok, spans[0] + spans[1], window(model) - 2)
-            results[name]["SPANS"] = found
-        scored_tasks = len(tasks) + (1 if spans else 0)
-        progress.note(f"{name}: {scored_tasks} tasks in {time.time() - t0:.0f}s")
+        if spans:  # each query's target among all targets (support/retrieval.py)
+            results[name]["SPANS"] = retrieval.scored(
+                encode, model, tok, spans, max_seq_length(model), dtype=dtype,
+                batch_tokens=cfg.batch_tokens, progress=progress)
+        progress.note(f"{name}: {len(tasks) + bool(spans)} tasks in {time.time() - t0:.0f}s")
     if spans:
         words = retrieval.word_overlap(*spans)
         results |= {f"{retrieval.NAMES[k]} (words)": {"SPANS": words[k]} for k in ("bm25", "tfidf")}
@@ -221,10 +214,10 @@ def evaluate(cfg: EvalConfig):
         write_json(Path(cfg.json), no_nan(results if len(results) > 1 else results[cfg.model[0]]))
 
 
-def span_lengths(window: int) -> tuple[int, int]:
+def span_lengths(most_tokens: int) -> tuple[int, int]:
     """Held-out spans' shortest and longest: the paper's 32 and 512 (§3.2), whatever a run trains
     on, no longer than a model embeds a text whole (support.retrieval.span_lengths)."""
-    return retrieval.span_lengths(window, SamplerConfig.min_span, SamplerConfig.max_span)
+    return retrieval.span_lengths(most_tokens, SamplerConfig.min_span, SamplerConfig.max_span)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from support.cli import UserError, cli, say
 
 
 @dataclass
-class ModelConfig:  # the fields of a Hugging Face config.json that this encoder reads
+class ModelConfig(modernbert.Fields):  # what this encoder reads of a Hugging Face config.json
     # roberta, xlm-roberta, camembert (RoBERTa's), bert (and MiniLM) or modernbert
     model_type: str = "roberta"
     vocab_size: int = 50265
@@ -52,14 +52,6 @@ class ModelConfig:  # the fields of a Hugging Face config.json that this encoder
     pad_token_id: int = 1
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2
-    # ModernBERT's alone (None elsewhere): rotary positions with a global and a local theta,
-    # attention within local_attention // 2 tokens either side on all layers but every
-    # global_attn_every_n_layers-th
-    embedding_dropout: float | None = None
-    local_attention: int | None = None
-    global_attn_every_n_layers: int | None = None
-    global_rope_theta: float | None = None
-    local_rope_theta: float | None = None
 
     @property
     def roberta(self) -> bool:
@@ -97,21 +89,22 @@ ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "gelu_new": GELU_TANH,
 
 
 class Embeddings(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.c = c
-        self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.position = nn.Embedding(c.max_position_embeddings, c.hidden_size)
-        self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.config = config
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size,
+                                 padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, ids):
-        if self.c.roberta:
+        if self.config.roberta:
             # Pads keep position padding_idx, real tokens count up from padding_idx+1 (as fairseq
             # does), so a span's positions do not depend on how much padding its batch needed.
-            real = ids.ne(self.c.pad_token_id).int()
-            pos = torch.cumsum(real, dim=1) * real + self.c.pad_token_id
+            real = ids.ne(self.config.pad_token_id).int()
+            pos = torch.cumsum(real, dim=1) * real + self.config.pad_token_id
         else:
             pos = torch.arange(ids.shape[1], device=ids.device)[None]
         # Every span is one segment: token type 0 (BERT's second segment never occurs)
@@ -162,14 +155,15 @@ def attention(q, k, v, mask, dropout_p: float):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.n_head, self.dropout_p = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.n_head = config.num_attention_heads
+        self.dropout_p = config.attention_probs_dropout_prob
         self.attention = attention  # swapped on a CPU by support/cpu_layers.short_rows
-        self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size)  # q, k, v in one matmul
-        self.out = nn.Linear(c.hidden_size, c.hidden_size)
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # q, k, v in one matmul
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, packing):
         """x: (N, H), the real tokens of a (B, T) batch (Packing, above); attention alone needs the
@@ -184,22 +178,22 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size)
-        self.act = ACTIVATIONS[c.hidden_act]
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.drop = nn.Dropout(c.hidden_dropout_prob)
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x):
         return self.ln(x + self.drop(self.down(self.act(self.up(x)))))
 
 
 class Layer(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.attn, self.ffn = SelfAttention(c), FeedForward(c)
+        self.attn, self.ffn = SelfAttention(config), FeedForward(config)
 
     def forward(self, x, packing):
         return self.ffn(self.attn(x, packing))
@@ -209,35 +203,35 @@ class MLMHead(nn.Module):
     """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ bias), as both papers'
     models."""
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
         # ModernBERT's head has no bias but the decoder's
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=not c.modern)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=not config.modern)
         # RoBERTa's head applies exact GELU whatever hidden_act says (fairseq's, and transformers'
         # RobertaLMHead); BERT's applies hidden_act
-        self.act = F.gelu if c.roberta else ACTIVATIONS[c.hidden_act]
-        self.ln = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)
-        self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+        self.act = F.gelu if config.roberta else ACTIVATIONS[config.hidden_act]
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps,
+                               bias=not config.modern)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, h, word_weight):
-        # The decoder is the word embedding itself
         return F.linear(self.ln(self.act(self.dense(h))), word_weight, self.bias)
 
 
 class Encoder(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = c
+        self.config = config
         # ModernBERT's embeddings and layers are its own (encoders/modernbert.py); the packing, the
         # attention, the MLM head and the pooling are shared
-        if c.modern:
-            parts = modernbert.parts(c, ACTIVATIONS[c.hidden_act], attention)
+        if config.modern:
+            parts = modernbert.parts(config, ACTIVATIONS[config.hidden_act], attention)
             self.embeddings, self.layers, self.final = parts
         else:
-            self.embeddings = Embeddings(c)
-            self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+            self.embeddings = Embeddings(config)
+            self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
             self.final = nn.Identity()
-        self.mlm = MLMHead(c)
+        self.mlm = MLMHead(config)
         # load_pretrained's: the folder it came from, its sentence-transformers settings
         self.source, self.sentence_transformers = None, {}
 
@@ -282,18 +276,18 @@ def mean_pool(hidden, attention_mask):
 # Hugging Face names <-> ours: an explicit map, checked both ways on load.
 
 
-def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
+def hf_key_map(config: ModelConfig) -> dict[str, list[str]]:
     """Our parameter name -> the Hugging Face tensor(s) it is made of (q, k, v are concatenated)."""
-    if c.modern:
-        return modernbert.key_map(c)
-    p = c.prefix
-    m = {"embeddings.word.weight": [f"{p}.embeddings.word_embeddings.weight"],
-         "embeddings.position.weight": [f"{p}.embeddings.position_embeddings.weight"],
-         "embeddings.token_type.weight": [f"{p}.embeddings.token_type_embeddings.weight"]}
+    if config.modern:
+        return modernbert.key_map(config)
+    prefix = config.prefix
+    m = {"embeddings.word.weight": [f"{prefix}.embeddings.word_embeddings.weight"],
+         "embeddings.position.weight": [f"{prefix}.embeddings.position_embeddings.weight"],
+         "embeddings.token_type.weight": [f"{prefix}.embeddings.token_type_embeddings.weight"]}
     for wb in ("weight", "bias"):
-        m[f"embeddings.ln.{wb}"] = [f"{p}.embeddings.LayerNorm.{wb}"]
-        for i in range(c.num_hidden_layers):
-            hf, me = f"{p}.encoder.layer.{i}.", f"layers.{i}."
+        m[f"embeddings.ln.{wb}"] = [f"{prefix}.embeddings.LayerNorm.{wb}"]
+        for i in range(config.num_hidden_layers):
+            hf, me = f"{prefix}.encoder.layer.{i}.", f"layers.{i}."
             qkv = ("query", "key", "value")
             m[me + f"attn.qkv.{wb}"] = [hf + f"attention.self.{n}.{wb}" for n in qkv]
             m[me + f"attn.out.{wb}"] = [hf + f"attention.output.dense.{wb}"]
@@ -301,10 +295,10 @@ def hf_key_map(c: ModelConfig) -> dict[str, list[str]]:
             m[me + f"ffn.up.{wb}"] = [hf + f"intermediate.dense.{wb}"]
             m[me + f"ffn.down.{wb}"] = [hf + f"output.dense.{wb}"]
             m[me + f"ffn.ln.{wb}"] = [hf + f"output.LayerNorm.{wb}"]
-        head = "lm_head." if c.roberta else "cls.predictions.transform."
+        head = "lm_head." if config.roberta else "cls.predictions.transform."
         m[f"mlm.dense.{wb}"] = [head + f"dense.{wb}"]
-        m[f"mlm.ln.{wb}"] = [head + ("layer_norm" if c.roberta else "LayerNorm") + f".{wb}"]
-    m["mlm.bias"] = ["lm_head.bias" if c.roberta else "cls.predictions.bias"]
+        m[f"mlm.ln.{wb}"] = [head + ("layer_norm" if config.roberta else "LayerNorm") + f".{wb}"]
+    m["mlm.bias"] = ["lm_head.bias" if config.roberta else "cls.predictions.bias"]
     return m
 
 
@@ -313,8 +307,7 @@ def load_config_and_tokenizer(name: str):
     weights."""
     path = hub.resolve(name, weights=False) / "config.json"
     read = configs.read_hf_config(path, [f.name for f in fields(ModelConfig)], list(ACTIVATIONS))
-    c = ModelConfig(**read)
-    return c, hub.load_tokenizer(path.parent)
+    return ModelConfig(**read), hub.load_tokenizer(path.parent)
 
 
 def load_pretrained(name: str, quiet: bool = False):
@@ -341,10 +334,10 @@ def load_pretrained(name: str, quiet: bool = False):
 def save_pretrained(model: Encoder, tok, out: str | Path):
     """Hugging Face layout, plus sentence-transformers' files saying 'mean pooling' (§3.1), keeping
     what the model came with of theirs (its max_seq_length, a Normalize module)."""
-    c = model.config
-    tensors = hub.hf_state_dict(model.state_dict(), hf_key_map(c))
-    hub.write_model_folder(Path(out), tensors, config=configs.hf_config(asdict(c)), tok=tok,
-                           hidden_size=c.hidden_size, max_tokens=c.max_tokens,
+    config = model.config
+    tensors = hub.hf_state_dict(model.state_dict(), hf_key_map(config))
+    hub.write_model_folder(Path(out), tensors, config=configs.hf_config(asdict(config)), tok=tok,
+                           hidden_size=config.hidden_size, max_tokens=config.max_tokens,
                            kept=model.sentence_transformers)
 
 

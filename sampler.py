@@ -23,38 +23,29 @@ import torch
 
 from model import load_config_and_tokenizer
 from support.cli import UserError, cli, flag, parse_config
-from support.corpus import Corpus, check_usable, prepare_corpus
+from support.corpus import Corpus, check_usable, prepare_corpus, show_batch
 from support.device import pad_rows
 from support.hub import special_ids
 
 
 @dataclass
 class SamplerConfig:  # the data side's settings; train.py's TrainConfig extends these
-    model: str = flag("", "hub id, local folder or (train.py) scratch:SHAPE; empty: "
-                          "distilroberta-base (or the demo)")
-    data: list = flag(list, ".txt / .jsonl files (optionally .gz), .parquet files, and directories "
-                            "of them")
-    text_field: str = flag("text", "the field of a .jsonl line, the column of a .parquet file, "
-                                   "that holds the text")
+    model: str = flag("", "hub id, folder or scratch:SHAPE (train.py); empty: distilroberta-base")
+    data: list = flag(list, ".txt/.jsonl (optionally .gz) and .parquet files, and folders of them")
+    text_field: str = flag("text", "the .jsonl field or .parquet column that holds the text")
     docs_per_step: int = flag(16, "N, over all ranks together", low=1)
     num_anchors: int = flag(2, "A", low=1)
     num_positives: int = flag(2, "P", low=1)
     min_span: int = flag(32, "l_min, in model tokens, special tokens excluded", low=1)
-    max_span: int = flag(512, "l_max; lowered to fit the model's positions once <s> and </s> are "
-                              "added", low=1)
-    scale_short_docs: bool = flag(False, "sample documents shorter than 2*A*l_max with a smaller "
-                                         "l_max, not skip them")
-    positive_view: str = flag("all", "where positives lie: all, overlap, adjacent or subsumed "
-                                     "(paper Fig. 2)",
+    max_span: int = flag(512, "l_max; lowered to fit the model's positions with <s>, </s>", low=1)
+    scale_short_docs: bool = flag(False, "documents under 2*A*l_max sampled with a smaller l_max")
+    positive_view: str = flag("all", "where positives lie (paper Fig. 2)",
                               choices=("all", "overlap", "adjacent", "subsumed"))
-    keep_whitespace: bool = flag(False, "tokenise the text as it is, not with every run of "
-                                        "whitespace made one space")
-    mlm_probability: float = flag(0.15, "share of the anchors' tokens that MLM predicts", low=0,
-                                  high=1, strict=True)
-    seed: int = flag(0, "of the shuffle, the spans, the masks and (train.py) the weights and "
-                        "dropout", low=0, high=2**32 - 1)
-    cache_dir: str = flag("", "tokenised corpus cache; default: $XDG_CACHE_HOME/declutr or "
-                              "~/.cache/declutr")
+    keep_whitespace: bool = flag(False, "tokenise the text as it is, runs of whitespace kept")
+    mlm_probability: float = flag(0.15, "share of the anchors' tokens that MLM predicts",
+                                  low=0, high=1, strict=True)
+    seed: int = flag(0, "of the shuffle, spans, masks, weights and dropout", low=0, high=2**32 - 1)
+    cache_dir: str = flag("", "tokenised corpus cache; default: $XDG_CACHE_HOME/declutr")
 
     def validate(self):
         if self.min_span > self.max_span:
@@ -276,20 +267,7 @@ def main(argv=None):
     corpus = prepare_corpus(cfg.data, tok, cfg.cache_dir, clean=not cfg.keep_whitespace,
                             field=cfg.text_field)
     batches = SpanBatches(corpus, tok, cfg, config.max_tokens)
-    b, A, P = batches[0], cfg.num_anchors, cfg.num_positives
-    a_len, p_len = b["anchor_lengths"], b["positive_lengths"]
-    print(f"step 0: {len(b['anchors'])} anchors of {a_len.min()}-{a_len.max()} tokens, "
-          f"{len(b['positives'])} positives of {p_len.min()}-{p_len.max()}, "
-          f"{int((b['mlm_labels'] != -100).sum())} MLM targets")
-
-    def clip(ids, n):  # a span's text without <s> and </s>, on one line
-        return tok.decode(ids[1:n - 1].tolist())[:160].replace("\n", " ")
-
-    for k in range(min(cfg.show, len(b["anchors"]) // A) * A):
-        anchor = clip(b["anchors"][k], a_len[k])
-        print(f"\ndocument {int(b['anchor_doc'][k])}, anchor {k % A}: {anchor}")
-        for j in range(k * P, (k + 1) * P):
-            print(f"  positive: {clip(b['positives'][j], p_len[j])}")
+    show_batch(batches[0], tok, cfg.num_anchors, cfg.num_positives, documents=cfg.show)  # as text
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ run starts and stops are support/'s.
 import contextlib
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import evaluate_sts
 import sampler
-from embed import encode, window
+from embed import encode, max_seq_length
 from loss import nt_xent
 from model import Packing, load_pretrained, mean_pool, save_pretrained, scratch_encoder
 from support import cpu_layers, demo, device, metrics, runs, stopping
@@ -53,23 +54,18 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' and th
     mlm: bool = flag(True, "--no-mlm: contrastive only (the paper's Fig. 3 ablation)")
     contrastive: bool = flag(True, "--no-contrastive: MLM only")
     lr: float = flag(5e-5, "AdamW's peak learning rate", low=0, high=1, strict=True)
-    weight_decay: float = flag(0.1, "AdamW's, decoupled; not on biases and LayerNorms", low=0,
-                               high=1)
+    weight_decay: float = flag(0.1, "AdamW's; not on biases and LayerNorms", low=0, high=1)
     warmup_frac: float = flag(0.1, "slanted triangular cut_frac", low=0, high=1)
     lr_ratio: float = flag(32.0, "slanted triangular: lowest lr is lr / ratio", low=1, high=1e6)
     max_grad_norm: float = flag(1.0, "gradients clipped to this norm", low=0, high=1e6, strict=True)
-    steps: int = flag(0, "optimiser steps; 0: --epochs passes over the documents", low=0,
-                      high=MAX_STEPS)
+    steps: int = flag(0, "optimiser steps; 0: --epochs passes", low=0, high=MAX_STEPS)
     epochs: int = flag(1, "passes over the documents, when --steps is 0", low=1, high=10**6)
     # How a step runs: the same gradient, in less time or memory
     dtype: str = flag("auto", "auto: CPU fp32; GPU bf16, or fp16 (loss-scaled) without it",
                       choices=("auto", "fp32", "bf16", "fp16"))
-    chunk_tokens: int = flag(16384, "spans run in length-sorted chunks of at most this many padded "
-                                    "tokens", low=1)
-    grad_cache: bool = flag(False, "GradCache: chunks forward without a graph, then backward chunk "
-                                   "by chunk")
-    compile: bool = flag(False, "torch.compile each chunk's forward: the encoder, pooling and the "
-                                "MLM head")
+    chunk_tokens: int = flag(16384, "padded tokens a chunk of spans holds at most", low=1)
+    grad_cache: bool = flag(False, "GradCache: the chunks' graphs one at a time, not all at once")
+    compile: bool = flag(False, "torch.compile a chunk's forward: encoder, pooling, MLM head")
 
     def validate(self):
         sampler.SamplerConfig.validate(self)
@@ -84,13 +80,6 @@ class TrainConfig(sampler.SamplerConfig, runs.RunConfig):  # + the spans' and th
                             f"step, or it has no negative", code=2)
         if (shape := demo.scratch_name(self.model)) is not None:
             demo.scratch_shape(shape, "--model scratch:")
-
-
-# Flags that --resume takes from the command line (any other is refused): where the run reads,
-# logs, evaluates and checkpoints. Of these, --steps and --epochs replan the schedule,
-# --any-world-size and --changed-data let every later step differ from the run's own (each said
-# when it does), and --threads may move a CPU sum's last digits
-RESUMABLE = runs.RESUMABLE | {"steps", "epochs", "cache_dir"}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -311,9 +300,8 @@ def train(run: Run):
 @cli
 def main(argv=None):
     cfg = parse_config(TrainConfig, argv, __doc__.split("\n\n")[0])
-    # Ctrl-C and SIGTERM end the run with one line; SIGTERM in training first finishes and
-    # checkpoints the step under way (support/stopping.py owns the handler and hands it to the run
-    # it watches); threads as they were afterwards
+    # Ctrl-C and SIGTERM end the run with one line, SIGTERM once the step under way is checkpointed
+    # (support/stopping.py owns the handler); the CPU threads as they were afterwards
     with stopping.lifetime() as life, cpu_threads(cfg.threads):
         run = life.watch(setup(cfg, given_fields(TrainConfig, argv), processes()))
         train(run)
@@ -329,7 +317,7 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     """Everything is checked (flags, evaluation data, model, documents) before an earlier run is
     replaced, and all that may take long (a tokenizer, the corpus) is ready before the process group
     exists, whose collectives may wait only --ddp-timeout seconds."""
-    cfg, out, resume_from = runs.run_folder(cfg, given, proc, load_checkpoint_model, RESUMABLE)
+    cfg, out, resume_from = runs.run_folder(cfg, given, proc, partial(load_pretrained, quiet=True))
     pairs = load_stsb_dev(cfg.eval_data) if cfg.eval_data else None  # a bad path stops the run now
     # The model: the checkpoint's, a pretrained one, or a random-init shape whose BPE rank 0 trains
     # on the documents
@@ -339,16 +327,15 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
     # On a CPU, short rows' attention written out (support/cpu_layers.py): the evaluation's, and
     # ModernBERT's in training too, as it has no attention dropout
     cpu_layers.short_rows(encoder)
-    # On an Ampere or later GPU, fp32's matrix products in TF32 (inputs rounded to 10 bits, sums in
-    # fp32): several times faster, and what bf16 autocast leaves in fp32 (loss.py's similarities)
-    # runs in it too
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     corpus = corpus_for_run(cfg, tok, proc)
     # --holdout-docs' or --eval-docs' documents, or None (a resumed run keeps the ones it had)
     held = eval_documents(cfg, tok, proc, corpus, resume_from.state if resume_from else None)
     batches = sampler.SpanBatches(corpus, tok, cfg, encoder.config.max_tokens, rank=proc.rank,
                                   world_size=proc.world, held_out=held.held_out if held else ())
     opt = make_optimizer(encoder, cfg.lr, cfg.weight_decay, fused=proc.device.type == "cuda")
+    # On an Ampere or later GPU, fp32's products in TF32 (inputs rounded to 10 bits, sums in fp32):
+    # several times faster; loss.py's similarities, which bf16 autocast leaves in fp32, too
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     fp16 = device.autocast_dtype(cfg.dtype, proc.device) == torch.float16
     run = Run(cfg=cfg, out=out, model=ChunkedEncoder(encoder, compile=cfg.compile), encoder=encoder,
               tok=tok, opt=opt, scaler=torch.amp.GradScaler(proc.device.type, enabled=fp16),
@@ -357,21 +344,16 @@ def setup(cfg: TrainConfig, given: set, proc: Process) -> Run:
               held_out_below=held.below if held else None)
     # STS-B dev and held-out span retrieval, each where the run has it, embedded as embed.py does
     evaluate = evaluation(run, held, pairs, encode=encode, spearman_of=evaluate_sts.spearman_of,
-                          span_lengths=evaluate_sts.span_lengths(window(encoder)))
+                          span_lengths=evaluate_sts.span_lengths(max_seq_length(encoder)))
     # The process group comes up here (support/runs.py)
     run.begin(resume_from, evaluate,
-              lambda step, total: lr_at(step, total, cfg.lr, cfg.warmup_frac, cfg.lr_ratio),
-              MAX_STEPS)
+              partial(lr_at, lr=cfg.lr, cut_frac=cfg.warmup_frac, ratio=cfg.lr_ratio), MAX_STEPS)
     if proc.world > 1:
         # Every rank's gradients averaged in buckets during backward, on this rank's GPU (by its
         # index) or the CPU. With --no-mlm the MLM head takes no part in a step: DDP must be told
         # (find_unused_parameters), or the next step fails for the head's gradients, never reduced
         run.model = DDP(run.model, device_ids=proc.device_ids, find_unused_parameters=not cfg.mlm)
     return run
-
-
-def load_checkpoint_model(path):  # a checkpoint's model, for --resume (support/runs.py)
-    return load_pretrained(str(path), quiet=True)
 
 
 if __name__ == "__main__":

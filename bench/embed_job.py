@@ -99,7 +99,7 @@ def today(text: Path, out: Path, model_dir: Path, block: int):
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
                                                  "shape": (n, model.config.hidden_size)})
         for _, texts in embedding.blocks([str(text)], {}, block):
-            tokenized = E.tokenize(texts, tok, E.window(model), "truncate")
+            tokenized = E.tokenize(texts, tok, E.max_seq_length(model), "truncate")
             f.write(E.embed_tokenized(tokenized, model, tok, dtype=dtype).astype("<f4").tobytes())
 
 

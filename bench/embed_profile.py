@@ -37,7 +37,7 @@ from support.threads import default_threads  # noqa: E402
 
 t_imports = time.perf_counter() - t_start
 # The dense layers are oneDNN's packed products (support.cpu_layers.PackedLinear), addmm where they are not; attention
-# is the fused kernel, or for short rows on a CPU (model.attention) batched matmuls around a masked softmax; laying a
+# is the fused kernel, or for short rows on a CPU (cpu_layers.short_rows) matmuls around a masked softmax; laying a
 # weight out for oneDNN is a copy. The first kind whose words are in an op's name is its kind.
 KINDS = {"attention": ("attention", "bmm", "matmul", "softmax", "masked_fill"),
          "copies and casts": ("copy_", "to", "_to_copy", "contiguous", "clone", "reorder", "pad"),
@@ -73,7 +73,7 @@ def op_kinds(model, tok, texts, dtype) -> dict:
     from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile
 
-    tokenized = E.tokenize(texts, tok, E.window(model))
+    tokenized = E.tokenize(texts, tok, E.max_seq_length(model))
     E.embed_tokenized(tokenized, model, tok, dtype=dtype)  # oneDNN's kernels made before the profile
     every_thread = _ExperimentalConfig(profile_all_threads=True)
     with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
@@ -116,7 +116,7 @@ def main():
     t = time.perf_counter()
     rows = stsb.read_text(encoding="utf-8").splitlines()
     texts = ([s for r in rows for s in r.split("\t")[5:7]] * 4)[:a.lines]
-    tokenized = E.tokenize(texts, tok, E.window(model))
+    tokenized = E.tokenize(texts, tok, E.max_seq_length(model))
     wall["reading and tokenising"] = time.perf_counter() - t
     t = time.perf_counter()
     out = E.embed_tokenized(tokenized, model, tok, dtype=dtype)

@@ -7,13 +7,27 @@ head and pooling are shared, handed in; what differs is here, with its tensors' 
 
     python train.py --model answerdotai/ModernBERT-base --data docs/ --out runs/modern
 """
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 
 
+@dataclass
+class Fields:
+    """The fields of a config.json that ModernBERT alone reads (None elsewhere), which model.ModelConfig extends:
+    rotary positions with a global and a local theta, attention within local_attention // 2 tokens either side on all
+    layers but every global_attn_every_n_layers-th."""
+    embedding_dropout: float | None = None
+    local_attention: int | None = None
+    global_attn_every_n_layers: int | None = None
+    global_rope_theta: float | None = None
+    local_rope_theta: float | None = None
+
+
 def parts(c, activation, attention):
     """(embeddings, layers, final norm) of a ModernBERT of config c (model.ModelConfig), its feed-forward gated by
-    `activation` (config's hidden_act), its attention model.attention."""
+    `activation` (config's hidden_act), its attention model.attention (on a CPU, cpu_layers.short_rows swaps it)."""
     layers = nn.ModuleList(Layer(c, i, activation, attention) for i in range(c.num_hidden_layers))
     # Its layers are pre-norm: the last one's output is normalised after them
     return Embeddings(c), layers, nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)

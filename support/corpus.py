@@ -470,3 +470,20 @@ def check_usable(batches, shortest: int, max_tokens: int, paper_max_span: int):
             f"documents, {held / len(corpus):.1%})") if held else ""
     say(f"sampler: {usable:,} documents qualify, {len(corpus) - usable - held:,} skipped as shorter than {shortest:,} "
         f"tokens{kept}; {batches.steps_per_epoch:,} steps per epoch", file=sys.stderr)
+
+
+def show_batch(b: dict, tok, A: int, P: int, documents: int):
+    """`python sampler.py`: a batch of sampler.SpanBatches in numbers, then the spans of its first `documents`
+    documents as text, each anchor followed by its P positives."""
+    a_len, p_len = b["anchor_lengths"], b["positive_lengths"]
+    print(f"step 0: {len(b['anchors'])} anchors of {a_len.min()}-{a_len.max()} tokens, "
+          f"{len(b['positives'])} positives of {p_len.min()}-{p_len.max()}, "
+          f"{int((b['mlm_labels'] != -100).sum())} MLM targets")
+
+    def clip(ids, n):  # a span's text without <s> and </s>, on one line
+        return tok.decode(ids[1:n - 1].tolist())[:160].replace("\n", " ")
+
+    for k in range(min(documents, len(b["anchors"]) // A) * A):
+        print(f"\ndocument {int(b['anchor_doc'][k])}, anchor {k % A}: {clip(b['anchors'][k], a_len[k])}")
+        for j in range(k * P, (k + 1) * P):
+            print(f"  positive: {clip(b['positives'][j], p_len[j])}")

@@ -47,7 +47,7 @@ def held_out_spans(cfg, span_lengths, load_config_and_tokenizer) -> tuple[list[s
 
 
 def model_window(name: str, load_config_and_tokenizer) -> int:
-    """The most tokens a model embeds a text in, <s> and </s> included (embed.window), without its weights: its
+    """The most tokens a model embeds a text in, <s> and </s> included (embed.max_seq_length), without its weights: its
     positions, or sentence-transformers' max_seq_length where that is less (model.load_config_and_tokenizer's config;
     the settings file comes without the weights, support.hub.resolve)."""
     folder = hub.resolve(name, weights=False)  # once: the config is read from the folder it fetched
@@ -340,6 +340,15 @@ def few_words(per_span: float) -> str:
             "text without spaces between its words")
     return (f"the spans hold {per_span:.1f} words each as BM25 and TF-IDF split them (runs of letters and digits): "
             f"{what}, so their figures are near chance, not a bar for the encoder")
+
+
+def scored(encode, model, tok, spans: tuple, max_seq_length: int, *, dtype, batch_tokens: int, progress) -> dict:
+    """evaluate_sts.py --docs, one model: span_retrieval's figures on the (queries, targets) pairs, and "cut": how
+    many of the spans are longer than the model reads whole (max_seq_length tokens with <s> and </s>)."""
+    progress.note(f"SPANS, {len(spans[0]):,} pairs")
+    found = span_retrieval(encode, model, tok, *spans, dtype=dtype, batch_tokens=batch_tokens)
+    found["cut"] = longer_than(tok, spans[0] + spans[1], max_seq_length - 2)
+    return found
 
 
 def longer_than(tok, texts: list[str], most: int) -> int:

@@ -80,8 +80,12 @@ class RunConfig:  # train.py's flags for the run around the method: its folder, 
         return {"stsb": "stsb_dev_spearman", "spans": "spans_mrr"}.get(by)
 
 
-# --resume takes these from the command line; not what decides which documents train, nor what best/ is best by
+# The flags that --resume takes from the command line (any other is refused): where the run reads, logs, evaluates
+# and checkpoints; not what decides which documents train, nor what best/ is best by. Of these, train.py's --steps and
+# --epochs replan the schedule, --any-world-size and --changed-data let every later step differ from the run's own
+# (each said when it does), and --threads may move a CPU sum's last digits
 RESUMABLE = {f.name for f in fields(RunConfig)} - {"overwrite", "holdout_docs", "best_by"}
+RESUMABLE |= {"steps", "epochs", "cache_dir"}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -130,7 +134,7 @@ def write_checkpoint(out: Path, step: int, write_model, state: dict, keep: int) 
 
 def read_checkpoint(path: Path, load_model) -> tuple[dict, tuple]:
     """(train state, load_model(path)) of a checkpoint folder; a UserError naming what does not read back."""
-    return read_train_state(path), load_model(path)
+    return read_train_state(path), load_model(str(path))
 
 
 def read_train_state(path: Path) -> dict:
@@ -233,7 +237,7 @@ def restarted() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts
 
 
-def run_folder(cfg, given: set, proc: Process, load_model, resumable: set):
+def run_folder(cfg, given: set, proc: Process, load_model, resumable: set = RESUMABLE):
     """(the run's configuration, its folder, the checkpoint it continues from or None): the demo's settings without
     --data, torch's CPU threads set (run_threads), and the documents' files checked. Deletes nothing. Rank 0
     decides where the run starts (its newest good checkpoint, or none); every other rank loads that same checkpoint
