@@ -156,12 +156,12 @@ def overlapping(rng, anchor_start, anchor_len, n_tokens, min_span, max_span):
 POSITIVE_VIEWS = {"overlap": overlapping, "adjacent": adjacent, "subsumed": subsumed}
 
 
-def mask_tokens(ids, eligible, rng, mask_id, random_ids, p=0.15):
-    """BERT's MLM corruption: choose p of the eligible tokens; of those 80% <mask>, 10% random, 10%
-    kept."""
-    # One uniform draw a token chooses it with probability p: the count varies, as in transformers'
+def mask_tokens(ids, eligible, rng, mask_id, random_ids, probability=0.15):
+    """BERT's MLM corruption: choose `probability` of the eligible tokens; of those 80% <mask>, 10%
+    random, 10% kept."""
+    # One uniform draw a token, so that the count varies, as in transformers'
     # DataCollatorForLanguageModeling (BERT's own data script masks a fixed count)
-    chosen = eligible & (rng.random(ids.shape) < p)
+    chosen = eligible & (rng.random(ids.shape) < probability)
     labels = np.where(chosen, ids, -100)
     # A second splits the chosen 80/10/10; a random token is any but the special ones (the original
     # draws from the whole vocabulary, <pad> and <mask> included: docs/differences.md)
@@ -246,7 +246,8 @@ class SpanBatches(torch.utils.data.Dataset):
         # §3.3: MLM on the anchors' own tokens, never on <s>, </s> or padding
         eligible = ~np.isin(a_ids, list(special.values()))
         mlm_inputs, mlm_labels = mask_tokens(a_ids, eligible, rng, mask_id=special["mask"],
-                                             random_ids=self.random_ids, p=cfg.mlm_probability)
+                                             random_ids=self.random_ids,
+                                             probability=cfg.mlm_probability)
         t = torch.from_numpy
         return dict(anchors=t(a_ids), anchor_lengths=t(a_mask.sum(1)), positives=t(p_ids),
                     positive_lengths=t(p_mask.sum(1)), mlm_inputs=t(mlm_inputs),

@@ -139,9 +139,9 @@ def train_step(model, batch, cfg: TrainConfig, world: int = 1, scaler=NO_SCALING
 
 
 def chunk_forward(encoder, ids, mask, positions, masked_at, masked_ids):
-    """One chunk of spans -> their embeddings (g, H) and the summed MLM loss of the anchors' masked
-    tokens among them (masked_at None: no MLM head). What --compile compiles: the encoder, the
-    pooling and the MLM head in one graph."""
+    """One chunk of g spans (support.chunks.Chunk: ids and mask (g, T); positions (n,), the real
+    tokens' flat places; masked_at, masked_ids (K,), or None: no MLM) -> embeddings (g, H), summed
+    MLM loss. What --compile compiles: the encoder, the pooling and the MLM head in one graph."""
     h = encoder(ids, mask, Packing(*ids.shape, positions, mask))  # (g, T, H)
     # §3.1: a span's embedding is the mean of its token states
     emb = mean_pool(h, mask).float()  # (g, H)
