@@ -7,12 +7,13 @@ step took afresh (minor faults: memory given back and taken again costs them), t
 kernel, the memory after steps and the highest a step reached (VmHWM, reset before each step), along the run.
 
 The arms: glibc (train.py as it is); trims (glibc's malloc_trim(0) after a step whose anonymous memory grew past
-TRIM_ABOVE times what a step holds, measured after the first step and after each trimmed one); jemalloc
-(LD_PRELOAD'ed, where --preload names it, with --malloc-conf). train.py takes none of them: docs/measurements.md
-says what each cost.
+TRIM_ABOVE times what a step holds, measured after the first step and after each trimmed one); preload (another
+allocator LD_PRELOAD'ed, where --preload names it: tcmalloc, or jemalloc with --malloc-conf), named by its library.
+docs/measurements.md says what each cost.
 
     python bench/train_memory.py                                  # 2 arms x 2 rounds x 60 steps: about 30 min
     python bench/train_memory.py --arms trims --steps 1000 --rounds 1     # the long run: about 2 hours
+    python bench/train_memory.py --arms glibc --preload libtcmalloc_minimal.so.4 --rounds 3   # glibc and tcmalloc
     python bench/train_memory.py --preload /usr/lib/x86_64-linux-gnu/libjemalloc.so.2   # and jemalloc's arm
 
 Linux only (/proc/self/status, clear_refs).
@@ -87,7 +88,7 @@ def run_arm(a, arm: str, folder: Path, log: Path) -> list[dict]:
             "--steps", str(a.steps + 1), "--ckpt-every", "1000000", "--out", str(folder / arm), "--overwrite",
             "--cache-dir", str(folder / "cache"), "--log-every", "100"]
     env = dict(os.environ)
-    if arm == "jemalloc":
+    if arm not in ("glibc", "trims"):  # the preloaded allocator's
         env["LD_PRELOAD"], env["MALLOC_CONF"] = a.preload, a.malloc_conf
     subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(log), arm, str(TRIM_ABOVE), *args], check=True, env=env,
                    stdout=subprocess.DEVNULL)
@@ -106,9 +107,11 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--arms", nargs="+", default=["glibc", "trims"], choices=["glibc", "trims", "jemalloc"])
-    ap.add_argument("--preload", default="", help="a jemalloc library: its arm, LD_PRELOAD'ed into glibc's")
-    ap.add_argument("--malloc-conf", default=JEMALLOC_CONF, help="jemalloc's arm's MALLOC_CONF")
+    ap.add_argument("--arms", nargs="*", default=["glibc", "trims"], choices=["glibc", "trims"])
+    ap.add_argument("--preload", default="", help="another allocator's library (tcmalloc's, jemalloc's): an arm "
+                    "more, named by it, LD_PRELOAD'ed into glibc's")
+    ap.add_argument("--malloc-conf", default=JEMALLOC_CONF, help="jemalloc's arm's MALLOC_CONF (tcmalloc ignores "
+                    "it)")
     ap.add_argument("--json", default="", help="also write every arm's steps here")
     ap.add_argument("--logs", default="", help="a folder to keep each arm's steps in as they run (a long run's, "
                     "read while it runs); a temporary one otherwise")
@@ -117,7 +120,8 @@ def main():
         raise UserError("bench/train_memory.py reads Linux's /proc/self/status and clear_refs: Linux only")
     if not (Path(a.shared) / "models" / "all-MiniLM-L6-v2").is_dir():
         raise UserError(f"{a.shared}: no models/all-MiniLM-L6-v2 (--shared, or DECLUTR_SHARED)")
-    arms = a.arms + (["jemalloc"] if a.preload and "jemalloc" not in a.arms else [])
+    preloaded = next((n for n in ("tcmalloc", "jemalloc") if n in Path(a.preload).name), "preload")
+    arms = a.arms + ([preloaded] if a.preload else [])
     runs = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as d:
         logs = Path(a.logs or d)

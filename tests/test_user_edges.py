@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from test_bad_input import fails
 
 import embed as E
@@ -303,3 +304,38 @@ def test_train_names_a_utf16_file_instead_of_skipping_it_as_binary(tmp_path, cap
         assert e.value.code == 1 and err[-1].startswith(f"error: {docs / 'b.txt'}: {said}"), err
         assert "iconv -f UTF-16" in err[-1] and not list((tmp_path / "cache").glob("corpus-*"))
         assert not (tmp_path / "run").exists()
+
+
+def test_a_cpu_run_on_glibcs_malloc_says_how_to_keep_its_memory_flat(tmp_path, monkeypatch, capsys):
+    """Issue 81: a CPU run of a pretrained model on glibc's malloc grows step by step; its plan says, once, that
+    tcmalloc holds it (measured: docs/measurements.md). Not on a GPU, not for a scratch model (the demo's), not where
+    tcmalloc or jemalloc is preloaded: read from the process's own memory map, here against hand-written maps and
+    this process's LD_PRELOAD."""
+    from dataclasses import dataclass
+
+    from support import runs
+    from support.processes import Process
+
+    maps = tmp_path / "maps"
+    for lines, expected in (("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n", "glibc"),
+                            ("7f00-7f01 r-xp 0 08:01 2 /usr/lib/libtcmalloc_minimal.so.4.5.10\n", "tcmalloc"),
+                            ("7f00-7f01 r-xp 0 08:01 3 /tmp/jem/libjemalloc.so.2\n", "jemalloc")):
+        maps.write_text(lines)
+        assert runs.allocator(str(maps)) == expected
+    assert runs.allocator(str(tmp_path / "none")) == ""
+    preloaded = os.environ.get("LD_PRELOAD", "")
+    assert runs.allocator() == next((n for n in ("tcmalloc", "jemalloc") if n in preloaded), "glibc")
+
+    @dataclass
+    class Cfg:
+        model: str
+        docs_per_step: int = 16
+
+    said = {}
+    for device, model, malloc in (("cpu", "minilm", "glibc"), ("cuda", "minilm", "glibc"),
+                                  ("cpu", "scratch:tiny", "glibc"), ("cpu", "minilm", "tcmalloc")):
+        monkeypatch.setattr(runs, "allocator", lambda m=malloc: m)
+        runs.say_plan(Cfg(model), Process(0, 0, 1, torch.device(device)), 10, 5, 80)
+        said[device, model, malloc] = [x for x in capsys.readouterr().err.splitlines() if "tcmalloc" in x]
+    assert [len(v) for v in said.values()] == [1, 0, 0, 0], said
+    assert "LD_PRELOAD=libtcmalloc_minimal.so.4" in said["cpu", "minilm", "glibc"][0]

@@ -1,0 +1,103 @@
+"""bench/_written_apart.py, the second yardstick's pairs (issue 83), against hand-written reST, a .deb built here by
+hand (ar + tar.xz, as Debian builds them), and docstrings read back from the standard library's own sources."""
+import io
+import tarfile
+
+import pytest
+
+from conftest import ROOT, bench_script
+
+PAGE = """\
+:mod:`demo.mod` --- A demonstration
+===================================
+
+.. module:: demo.mod
+   :synopsis: Nothing.
+
+Some text about the module.
+
+.. function:: join(a, *paths)
+              join(a)
+
+   Join *a* and :func:`~os.path.split`'s parts with ``sep``, as :ref:`the rules <rules>` say.
+
+   .. versionchanged:: 3.6
+      Accepts a path-like object.
+
+   >>> join("a", "b")
+
+.. class:: Thing(x, \\
+                 y=None)
+
+   A thing of *x*.
+
+   .. method:: grow(n)
+
+      Grow by n.
+
+   .. attribute:: size
+
+      Its size.
+
+.. method:: Thing.shrink()
+
+   Shrink it.
+"""
+
+
+@pytest.fixture(scope="module")
+def W():
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    return bench_script("_written_apart")
+
+
+def test_an_entrys_text_is_its_own_block_as_plain_text(W):
+    """Each entry's own words, markup gone: not its other signature, its version note, its doctest, its members'
+    entries or the lines of a signature continued with a backslash; a method named with its class, inside the
+    class's block or outside it."""
+    got = {name: (module, kind, text) for module, kind, name, text in W.entries(PAGE)}
+    assert got == {"join": ("demo.mod", "function", "Join a and split's parts with sep, as the rules say."),
+                   "Thing": ("demo.mod", "class", "A thing of x."),
+                   "Thing.grow": ("demo.mod", "method", "Grow by n."),
+                   "Thing.shrink": ("demo.mod", "method", "Shrink it.")}
+
+
+def test_the_reference_is_read_out_of_the_deb_with_python_alone(W, tmp_path):
+    """A .deb as Debian writes one (an ar archive: debian-binary, control.tar.xz, data.tar.xz, members padded to
+    even sizes): only the library pages' reST comes out, named by page."""
+    def tar(files: dict) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:xz") as t:
+            for name, text in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(text)
+                t.addfile(info, io.BytesIO(text))
+        return buf.getvalue()
+
+    members = {"debian-binary": b"2.0\n", "control.tar.xz": tar({"./control": b"Package: x\n"}),
+               "data.tar.xz": tar({"./usr/share/doc/python3.11/html/_sources/library/demo.rst.txt": PAGE.encode(),
+                                   "./usr/share/doc/python3.11/html/_sources/howto/other.rst.txt": b"no",
+                                   "./usr/share/doc/python3.11/html/library/demo.html": b"<html>"})}
+    data = b"!<arch>\n"
+    for name, body in members.items():
+        data += f"{name + '/':<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode() + body
+        data += b"\n" * (len(body) % 2)
+    (tmp_path / "x.deb").write_bytes(data)
+    assert W.reference_sources(tmp_path / "x.deb") == {"demo": PAGE}
+
+
+def test_docstrings_come_from_the_module_source_without_running_it(W):
+    """os.path is posixpath here: join's docstring as the source has it; a method through its class; a C function
+    (math.sqrt) and a name the module lacks have none; a pair copied from its docstring is dropped, and said."""
+    import inspect
+    import posixpath
+    import string
+
+    assert W.docstring("os.path", "join") == inspect.cleandoc(posixpath.join.__doc__)
+    assert W.docstring("string", "Formatter.format") == string.Formatter.format.__doc__
+    assert W.docstring("math", "sqrt") is None and W.docstring("os.path", "no_such_name") is None
+    copied = (".. module:: string\n\n.. function:: capwords(s, sep=None)\n\n   "
+              + " ".join(string.capwords.__doc__.split()) + "\n")
+    pairs, left = W.pairs({"string": copied})
+    assert pairs == [] and left["copied"] == 1
