@@ -232,16 +232,18 @@ def folder_bytes(out):
 @pytest.mark.slow
 def test_one_process_writes_each_blocks_rows_in_input_order(tiny, small):
     """What the byte-for-byte tests compare against, held to something else: each block of the .npy is embed.encode
-    of that block's texts with oneDNN's layers swapped in where embed.py swaps them, bit for bit (a block is batched on
-    its own), in input order; the .jsonl holds the same rows, each number rounded to 7 decimals."""
+    of that block's texts with the CPU's swaps made as embed.py makes them (short rows' attention written out;
+    oneDNN's layers where they pay), bit for bit (a block is batched on its own), in input order; the .jsonl holds the
+    same rows, each number rounded to 7 decimals."""
+    import types
+
     import model as M
     from support import cpu_layers
     from support.device import device_and_dtype
 
     encoder, tok = M.load_pretrained(str(tiny), quiet=True)
     device, dtype = device_and_dtype("cpu", "auto")
-    if cpu_layers.chosen(device, dtype)[0]:
-        encoder = cpu_layers.swap_in(encoder, dtype)
+    encoder = cpu_layers.for_inference(encoder, device, dtype, types.SimpleNamespace(dtype="auto", onednn=True))[0]
     texts = (small / "in.txt").read_text().splitlines()
     block = int((small / "block").read_text())
     want = np.concatenate([E.encode(texts[i:i + block], encoder, tok, dtype=dtype)
