@@ -20,12 +20,10 @@ The reference comes from Debian's package registry: `apt-get download python3.11
 The docstrings are the running Python's (3.11 matches the reference; another version is said).
 """
 import argparse
-import ast
 import hashlib
 import json
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -39,7 +37,7 @@ from _report import cell, delta  # noqa: E402 (bench/_report.py)
 
 import embed as E  # noqa: E402
 import model as M  # noqa: E402
-from support import cpu_layers, retrieval  # noqa: E402
+from support import cpu_layers, demo, retrieval  # noqa: E402
 from support.cli import UserError, bench, shared_assets  # noqa: E402
 
 PACKAGE = "python3.11-doc"
@@ -72,15 +70,7 @@ def documents(pages: dict[str, str], held: set[str], out: Path) -> dict[str, int
     counts = {"train": 0, "held": 0}
     for name in ("train-docs", "held-docs"):
         (out / name).mkdir(parents=True, exist_ok=True)
-    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        text = "\n\n".join(d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+    for f, text in demo.stdlib_docstrings():  # the demo's corpus's documents
         where = "held" if str(f) in held_files else "train"
         if len(text) > 2000:
             (out / f"{where}-docs" / ("doc-" + "-".join(f.with_suffix("").parts[-2:]) + ".txt")).write_text(text)

@@ -31,8 +31,6 @@ def demo_config(cfg, given: set, proc: Process):
 def demo_corpus(cache: str) -> Path:
     """Text that every Python installation carries, one document per file: the language reference's help
     topics (pydoc_data) and the docstrings of each standard-library module, read with ast (nothing imported)."""
-    import ast
-    import sysconfig
     from pydoc_data.topics import topics
 
     root = cache_dir(cache) / "demo-corpus"
@@ -40,16 +38,8 @@ def demo_corpus(cache: str) -> Path:
         return root
     progress = Progress("demo", f"collecting Python's help topics and docstrings into {root}")
     docs = {f"topic-{k}": v for k, v in topics.items()}
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
-            continue
-        try:
-            tree = ast.parse(f.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = "\n\n".join(
-            d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
+    for f, text in stdlib_docstrings():
+        docs["module-" + "-".join(f.with_suffix("").parts[-2:])] = text
 
     def write(folder: Path):
         folder.mkdir(parents=True)
@@ -61,6 +51,23 @@ def demo_corpus(cache: str) -> Path:
     write_atomic(root, write, keep_existing=True)  # the folder appears whole, or not at all
     progress.note(f"{len(list(root.glob('*.txt')))} documents ({time.time() - progress.t0:.1f}s)")
     return root
+
+
+def stdlib_docstrings():
+    """(source file, its docstrings joined by blank lines) of each standard-library module but tests and IDLE, read
+    with ast (nothing imported): the demo's documents, and bench/written_apart.py's."""
+    import ast
+    import sysconfig
+
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(f.parts):
+            continue
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        yield f, "\n\n".join(d for n in ast.walk(tree) if isinstance(n, kinds) and (d := ast.get_docstring(n)))
 
 
 # Named random-init shapes for pretraining from scratch (vocab is the size the BPE tokenizer is trained to).
