@@ -125,45 +125,96 @@ def train_runs(a, out: Path):
     """bench/domain.py's arms on train-docs, scored on held-docs' spans, each run kept in OUT/runs."""
     cmd = [sys.executable, str(ROOT / "bench" / "domain.py"), "--data", str(out / "train-docs"), "--eval-docs",
            str(out / "held-docs"), "--out", str(out / "runs"), "--arms", *a.arms, "--seeds", *map(str, a.seeds),
-           "--steps", str(a.steps), "--shared", a.shared, *a.domain_flags]
+           "--steps", str(a.steps), "--span-pairs", str(a.span_pairs), "--shared", a.shared, *a.domain_flags]
     if subprocess.run(cmd).returncode:
         raise UserError(f"bench/domain.py failed: {' '.join(cmd)}")
 
 
-def spans_end(out: Path, run: str) -> dict:
+def train_peers(a, out: Path):
+    """bench/peers.py's runs on the same train-docs, each for as many minutes as the first arm's runs trained (the
+    mean over its seeds), kept in OUT/peers."""
+    minutes = a.peer_minutes or float(np.mean([training_minutes(out, f"{a.arms[0]}-seed{s}")[0] for s in a.seeds]))
+    cmd = [sys.executable, str(ROOT / "bench" / "peers.py"), "--out", str(out), "--model", a.model, "--peers",
+           *a.peers, "--seeds", *map(str, a.seeds), "--minutes", f"{minutes:.2f}"]
+    if subprocess.run(cmd).returncode:
+        raise UserError(f"bench/peers.py failed: {' '.join(cmd)}")
+
+
+def spans_end(out: Path, run: str) -> list[dict]:
+    """A DeCLUTR run's evaluated records (train.py --eval-docs and --eval-data), the start's (step 0) first."""
     records = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r.get("spans_mrr") is not None]
 
 
+def training_minutes(out: Path, run: str) -> tuple[float, int, int]:
+    """A DeCLUTR run's minutes in its steps (each step's tokens over its tokens a second, the mean over the last 20
+    steps: its evaluations left out, as a peer's budget leaves its own), its steps and the tokens it read."""
+    records = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "tokens_per_s" in r]
+    return sum(r["tokens"] / r["tokens_per_s"] for r in steps) / 60, len(steps), sum(r["tokens"] for r in steps)
+
+
+def peer_runs(out: Path) -> dict[str, list[str]]:
+    """OUT/peers' finished runs (bench/peers.py), by peer (its name and tag): {"simcse": ["simcse-seed0", ...]}."""
+    found = {}
+    for run in sorted((out / "peers").glob("*-seed*/run.json")):
+        found.setdefault(run.parent.name.rsplit("-seed", 1)[0], []).append(run.parent.name)
+    return found
+
+
+def peer_end(a, out: Path, run: str) -> dict:
+    """A peer's held-out spans and STS-B dev as train.py's evaluation scores DeCLUTR's runs: evaluate_sts.py
+    --docs on held-docs with as many pairs, drawn with the same seed, kept in OUT/peers/RUN/eval.json."""
+    path = out / "peers" / run / "eval.json"
+    if not path.exists():
+        cmd = [sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(out / "peers" / run / "model"),
+               "--data", str(Path(a.shared) / "data/sts/stsbenchmark"), "--split", "dev", "--tasks", "STSB",
+               "--docs", str(out / "held-docs"), "--span-pairs", str(a.span_pairs), "--cache-dir",
+               str(out / "runs" / "cache"), "--json", str(path)]
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+            raise UserError(f"evaluate_sts.py failed: {' '.join(cmd)}")
+    found = json.loads(path.read_text())[str(out / "peers" / run / "model")]
+    return {"spans_mrr": found["SPANS"]["mrr"], "stsb_dev_spearman": found["STSB"]["spearman"]}
+
+
 def report(a, out: Path, n_pairs: tuple, left: dict, start: dict, words: dict) -> str:
-    """Both yardsticks and STS-B dev: the start, the word baselines, each arm's end over the seeds with its paired
-    difference to the start."""
+    """Both yardsticks and STS-B dev: the start, the word baselines, each DeCLUTR arm's and each peer's end over the
+    seeds with its paired difference to the start, and what each run trained for."""
     lines = [f"Pairs written apart: {n_pairs[0]:,} held-out reference entries, each to find its docstring among "
              f"{n_pairs[1]:,} (and back); left out: {left}. x 100, mean ± standard deviation over the seeds, Δ the "
-             "paired difference to the start (**bold** beyond the seeds' spread).", "",
+             "paired difference to the start (**bold** beyond the seeds' spread); minutes in training steps "
+             "(evaluations left out), steps and tokens read a run.", "",
              "| model | entry → docstring MRR | R@1 | R@10 | docstring → entry MRR | held-out spans MRR | STS-B dev |"
-             " Δ entry → docstring | Δ spans | Δ STS-B |", "|---" * 10 + "|"]
+             " Δ entry → docstring | Δ spans | Δ STS-B | minutes, steps, tokens |", "|---" * 11 + "|"]
 
-    def row(label, f, spans="–", stsb="–", deltas=("–", "–", "–")):
+    def row(label, f, spans="–", stsb="–", deltas=("–", "–", "–"), took="–"):
         return (f"| {label} | {f['forward']['mrr']:.2f} | {f['forward']['recall_at_1']:.2f} | "
                 f"{f['forward']['recall_at_10']:.2f} | {f['back']['mrr']:.2f} | {spans} | {stsb} | "
-                f"{' | '.join(deltas)} |")
+                f"{' | '.join(deltas)} | {took} |")
     runs = {arm: [f"{arm}-seed{s}" for s in a.seeds] for arm in a.arms}
     first = spans_end(out, runs[a.arms[0]][0])[0] if a.arms else None
     lines.append(row("the start", start, f"{first['spans_mrr']:.2f}" if first else "–",
                      f"{first['stsb_dev_spearman']:.2f}" if first else "–"))
     lines += [row(f"{retrieval.NAMES[k]} (words)", words[k],
                   f"{first[k + '_spans_mrr']:.2f}" if first else "–") for k in ("bm25", "tfidf")]
-    for arm, names in runs.items():
-        found = [json.loads((out / f"scores-{r}.json").read_text()) for r in names]
-        ends = [spans_end(out, r)[-1] for r in names]
+    groups = [(f"DeCLUTR, {arm}", names, [spans_end(out, r)[-1] for r in names],
+               [training_minutes(out, r) for r in names], "scores-") for arm, names in runs.items()]
+    for peer, names in peer_runs(out).items() if first else ():
+        done = [json.loads((out / "peers" / r / "run.json").read_text()) for r in names]
+        groups.append((peer, names, [peer_end(a, out, r) for r in names],
+                       [(d["minutes"], d["steps"], d["tokens"]) for d in done], "peers/"))
+    for label, names, ends, took, where in groups:
+        found = [json.loads((out / f"{where}{r}{'.json' if where == 'scores-' else '/scores.json'}").read_text())
+                 for r in names]
         mrr = [f["forward"]["mrr"] for f in found]
         spans, stsb = [e["spans_mrr"] for e in ends], [e["stsb_dev_spearman"] for e in ends]
         mean = {d: {k: float(np.mean([f[d][k] for f in found])) for k in found[0][d]} for d in ("forward", "back")}
-        lines.append(row(f"{arm} ({len(names)} seeds)", mean, cell(spans), cell(stsb),
+        minutes, steps, tokens = (np.mean(x) for x in zip(*took, strict=True))
+        lines.append(row(f"{label} ({len(names)} seeds)", mean, cell(spans), cell(stsb),
                          (delta(mrr, [start["forward"]["mrr"]] * len(mrr)),
                           delta(spans, [first["spans_mrr"]] * len(spans)),
-                          delta(stsb, [first["stsb_dev_spearman"]] * len(stsb)))))
+                          delta(stsb, [first["stsb_dev_spearman"]] * len(stsb))),
+                         f"{minutes:.1f}, {steps:.0f}, {tokens / 1e6:.2f}M"))
     return "\n".join(lines) + "\n"
 
 
@@ -179,6 +230,10 @@ def main():
     ap.add_argument("--arms", nargs="*", default=["adjacent", "declutr"], help="bench/domain.py's arms")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--span-pairs", type=int, default=2000, help="held-out spans' pairs (bench/domain.py's)")
+    ap.add_argument("--peers", nargs="*", default=["simcse", "ct", "tsdae"], help="bench/peers.py's, as long as "
+                    "the first arm's runs")
+    ap.add_argument("--peer-minutes", type=float, default=0, help="each peer's run instead (minutes)")
     ap.add_argument("--domain-flags", nargs=argparse.REMAINDER, default=[], help="more bench/domain.py flags, last")
     ap.add_argument("--pairs-only", action="store_true", help="the pairs, the word baselines and the start alone")
     a = ap.parse_args()
@@ -202,10 +257,15 @@ def main():
     start = scored(a.model, pairs, rest, out / "scores-start.json")
     if not a.pairs_only and a.arms:
         train_runs(a, out)
+        if a.peers:
+            train_peers(a, out)
         for arm in a.arms:
             for s in a.seeds:
                 run = f"{arm}-seed{s}"
                 scored(str(out / "runs" / run / "model"), pairs, rest, out / f"scores-{run}.json")
+        for names in peer_runs(out).values():  # bench/peers.py's, where it has run
+            for run in names:
+                scored(str(out / "peers" / run / "model"), pairs, rest, out / "peers" / run / "scores.json")
     else:
         a.arms = []
     text = report(a, out, (len(pairs), len(every)), left, start, words)

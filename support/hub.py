@@ -131,19 +131,28 @@ def tokenizer_files(tok: Tokenizer, max_tokens: int) -> dict:
             "bos_token": names["cls"], "eos_token": names["sep"], **{f"{k}_token": v for k, v in names.items()}}
 
 
-ST_FILES = ("sentence_bert_config.json", "modules.json")  # sentence-transformers': fetched where a repo has them
+# sentence-transformers' files, fetched where a repo has them: before its version 6 the settings file holds
+# max_seq_length; from 6 on the tokenizer's model_max_length holds it (and the module types moved)
+ST_FILES = ("sentence_bert_config.json", "modules.json", "tokenizer_config.json")
 NORMALIZE = "sentence_transformers.models.Normalize"
+NO_LIMIT = 10**9  # transformers' model_max_length for "none set" is int(1e30)
 
 
 def read_sentence_transformers(d: Path) -> dict:
-    """What a sentence-transformers checkpoint says of how it embeds: max_seq_length (sentence_bert_config.json; it
-    truncates there) and whether its modules end in Normalize (modules.json). {} for a folder without them."""
+    """What a sentence-transformers checkpoint says of how it embeds: max_seq_length (sentence_bert_config.json's,
+    or, saved by sentence-transformers 6, tokenizer_config.json's model_max_length; it truncates there) and whether
+    its modules end in Normalize (modules.json, under either version's type name). {} for a folder without them."""
     config, modules = read_json(d / ST_FILES[0], {}), read_json(d / ST_FILES[1], [])
-    limit = config.get("max_seq_length") if isinstance(config, dict) else None
+    limit, where = (config.get("max_seq_length") if isinstance(config, dict) else None), d / ST_FILES[0]
+    if limit is None and modules:  # sentence-transformers 6's layout
+        tokenizer = read_json(d / ST_FILES[2], {})
+        limit, where = (tokenizer.get("model_max_length") if isinstance(tokenizer, dict) else None), d / ST_FILES[2]
+        limit = None if isinstance(limit, (int, float)) and limit >= NO_LIMIT else limit
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 2):
-        raise UserError(f"{d / ST_FILES[0]}: max_seq_length {limit!r} is not a number of tokens")
+        raise UserError(f"{where}: max_seq_length {limit!r} is not a number of tokens")
     types = [m.get("type") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
-    return {k: v for k, v in dict(max_seq_length=limit, normalize=NORMALIZE in types or None).items() if v}
+    normalize = any(isinstance(t, str) and t.rsplit(".", 1)[-1] == "Normalize" for t in types)
+    return {k: v for k, v in dict(max_seq_length=limit, normalize=normalize or None).items() if v}
 
 
 def sentence_transformers_files(hidden_size: int, max_tokens: int, kept: dict) -> dict[str, object]:

@@ -3,6 +3,7 @@ does: a public repo, a private one that needs HF_TOKEN, a gated one, two revisio
 whose bytes differ from their hash, offline with and without a cache, an unreachable hub, a full disk."""
 import hashlib
 import http.server
+import json
 import os
 import re
 import resource
@@ -186,6 +187,33 @@ def test_a_hub_ids_window_is_what_sentence_transformers_reads_before_any_weights
     assert M.load_config_and_tokenizer("org/st")[0].max_tokens > 16  # the config alone would say more
     assert model_window("org/st", M.load_config_and_tokenizer) == 16
     assert not any(name.endswith(".safetensors") for _, name, _ in Hub.seen)
+
+
+def test_sentence_transformers_6s_layout_says_its_window_and_normalize_as_the_older_one(hub, tmp_path):
+    """sentence-transformers 6 saves max_seq_length as tokenizer_config.json's model_max_length, its settings file
+    without it, and new module type names: read the same as the older layout (16 tokens, Normalize), fetched before
+    any weights; transformers' "none set" (1e30) and a plain model's tokenizer file (no modules.json) set no window."""
+    from support.hub import read_sentence_transformers
+    from support.retrieval import model_window
+
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.base.modules.transformer.Transformer"},
+               {"idx": 1, "name": "1", "path": "2_Normalize",
+                "type": "sentence_transformers.base.modules.normalize.Normalize"}]
+    files = dict(hub["new"], **{"modules.json": json.dumps(modules).encode(),
+                                "sentence_bert_config.json": b'{"transformer_task": "feature-extraction"}',
+                                "tokenizer_config.json": b'{"model_max_length": 16}'})
+    Hub.repos["org/st6"] = {"refs": {"main": NEW}, "commits": {NEW: files}}
+    assert model_window("org/st6", M.load_config_and_tokenizer) == 16
+    assert not any(name.endswith(".safetensors") for _, name, _ in Hub.seen)
+    assert M.load_pretrained("org/st6", quiet=True)[0].sentence_transformers == {"max_seq_length": 16,
+                                                                                 "normalize": True}
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": int(1e30)}))
+    assert read_sentence_transformers(tmp_path) == {"normalize": True}
+    (tmp_path / "modules.json").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 16}))
+    assert read_sentence_transformers(tmp_path) == {}
 
 
 def test_a_revision_pins_what_loads(hub, tmp_path, capsys, docs):
