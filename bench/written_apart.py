@@ -162,18 +162,18 @@ def peer_runs(out: Path) -> dict[str, list[str]]:
     return found
 
 
-def peer_end(a, out: Path, run: str) -> dict:
+def peer_end(a, out: Path, model: Path, path: Path) -> dict:
     """A peer's held-out spans and STS-B dev as train.py's evaluation scores DeCLUTR's runs: evaluate_sts.py
-    --docs on held-docs with as many pairs, drawn with the same seed, kept in OUT/peers/RUN/eval.json."""
-    path = out / "peers" / run / "eval.json"
+    --docs on held-docs with as many pairs (the same draw: the same documents, tokenizer, lengths and seed), kept
+    in `path` (JSON)."""
     if not path.exists():
-        cmd = [sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(out / "peers" / run / "model"),
+        cmd = [sys.executable, str(ROOT / "evaluate_sts.py"), "--model", str(model),
                "--data", str(Path(a.shared) / "data/sts/stsbenchmark"), "--split", "dev", "--tasks", "STSB",
                "--docs", str(out / "held-docs"), "--span-pairs", str(a.span_pairs), "--cache-dir",
                str(out / "runs" / "cache"), "--json", str(path)]
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
             raise UserError(f"evaluate_sts.py failed: {' '.join(cmd)}")
-    found = json.loads(path.read_text())[str(out / "peers" / run / "model")]
+    found = json.loads(path.read_text())[str(model)]
     return {"spans_mrr": found["SPANS"]["mrr"], "stsb_dev_spearman": found["STSB"]["spearman"]}
 
 
@@ -201,8 +201,14 @@ def report(a, out: Path, n_pairs: tuple, left: dict, start: dict, words: dict) -
                [training_minutes(out, r) for r in names], "scores-") for arm, names in runs.items()]
     for peer, names in peer_runs(out).items() if first else ():
         done = [json.loads((out / "peers" / r / "run.json").read_text()) for r in names]
-        groups.append((peer, names, [peer_end(a, out, r) for r in names],
+        groups.append((peer, names, [peer_end(a, out, out / "peers" / r / "model", out / "peers" / r / "eval.json")
+                                     for r in names],
                        [(d["minutes"], d["steps"], d["tokens"]) for d in done], "peers/"))
+    if len(groups) > len(runs):  # the peers' way of scoring, checked on the start against train.py's step 0
+        again = peer_end(a, out, Path(a.model), out / "peers" / "start-eval.json")
+        lines[0] += (f" The start scored as the peers are (evaluate_sts.py): spans {again['spans_mrr']:.2f}, STS-B "
+                     f"dev {again['stsb_dev_spearman']:.2f}; as DeCLUTR's runs are (train.py's step 0): "
+                     f"{first['spans_mrr']:.2f}, {first['stsb_dev_spearman']:.2f}.")
     for label, names, ends, took, where in groups:
         found = [json.loads((out / f"{where}{r}{'.json' if where == 'scores-' else '/scores.json'}").read_text())
                  for r in names]

@@ -129,8 +129,10 @@ def test_the_table_has_each_arm_and_peer_over_its_seeds_and_the_minutes_it_train
         (peer / "scores.json").write_text(json.dumps({"forward": dict(f, mrr=mrr - 4), "back": f}))
         (peer / "eval.json").write_text(json.dumps({str(peer / "model"): {"SPANS": {"mrr": spans - 5},
                                                                           "STSB": {"spearman": stsb - 1}}}))
+    (tmp_path / "peers" / "start-eval.json").write_text(json.dumps({"start": {"SPANS": {"mrr": 25.0},
+                                                                              "STSB": {"spearman": 82.0}}}))
     assert wa.training_minutes(tmp_path, "adjacent-seed0") == (2.0, 2, 9000)  # 60 s + 60 s
-    a = types.SimpleNamespace(arms=["adjacent"], seeds=[0, 1], shared="", span_pairs=10)
+    a = types.SimpleNamespace(arms=["adjacent"], seeds=[0, 1], shared="", span_pairs=10, model="start")
     rows = {line.split(" | ")[0]: line.split(" | ") for line in
             wa.report(a, tmp_path, (5, 9), {}, start, words).splitlines() if line.startswith("| ")}
     declutr, simcse = rows["| DeCLUTR, adjacent (2 seeds)"], rows["| simcse (2 seeds)"]
