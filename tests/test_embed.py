@@ -96,6 +96,9 @@ def test_auto_dtype_on_a_cpu_is_what_the_processor_multiplies(monkeypatch, capsy
     from support.cli import UserError
 
     cpu = torch.device("cpu")
+    # the faked processor decides, not a cap the suite runs under
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
     for amx, avx512_bf16, want in ((True, True, torch.bfloat16), (True, False, torch.bfloat16),
                                    (False, True, torch.bfloat16), (False, False, None)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
@@ -572,15 +575,17 @@ def test_embed_and_evaluate_say_what_runs(tmp_path, tiny, capsys):
     products were swapped in (--no-onednn named): issue 77 found the bf16 that ran misread as fp32. evaluate_sts.py
     says the same in each model's first line."""
     import evaluate_sts
-    from support.device import cpu_has_bf16
+    from support.device import cpu_has_bf16, onednn_capped
 
     (tmp_path / "a.txt").write_text("the cat sat\non the mat\n")
     args = ["--model", str(tiny), str(tmp_path / "a.txt"), "--output", str(tmp_path / "a.npy"), "--overwrite"]
     E.main([*args, "--dtype", "fp32", "--no-onednn"])
     assert f"with {tiny} on the CPU in fp32, model.py's layers as written, into" in capsys.readouterr().err
     E.main(args)
+    # where the suite runs as a lesser processor (ONEDNN_MAX_CPU_ISA=AVX2 on one with AMX), the cap is the reason
     chose = ("in bf16 (--dtype auto: this CPU multiplies bf16, with AMX or AVX512-BF16)" if cpu_has_bf16() else
-             "in fp32 (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
+             f"in fp32 (--dtype auto: ONEDNN_MAX_CPU_ISA={onednn_capped()} leaves oneDNN no bf16 instructions)"
+             if onednn_capped() else "in fp32 (--dtype auto: this CPU has neither AMX nor AVX512-BF16 for bf16)")
     swapped = ("oneDNN's products swapped in (support/cpu_layers.py; --no-onednn: model.py's layers)"
                if cpu_layers.chosen(torch.device("cpu"), device_and_dtype("cpu", "auto")[1])[0] else
                "model.py's layers as written (")
