@@ -15,6 +15,7 @@ docs/measurements.md says what each cost.
     python bench/train_memory.py --arms trims --steps 1000 --rounds 1     # the long run: about 2 hours
     python bench/train_memory.py --arms glibc --preload libtcmalloc_minimal.so.4 --rounds 3   # glibc and tcmalloc
     python bench/train_memory.py --preload /usr/lib/x86_64-linux-gnu/libjemalloc.so.2   # and jemalloc's arm
+    python bench/train_memory.py --arms --preload libtcmalloc_minimal.so.4 --replay 1 977 1000   # steps on their own
 
 Linux only (/proc/self/status, clear_refs).
 """
@@ -38,9 +39,12 @@ TRIM_ABOVE = 1.15  # the trims arm: a trim after a step that leaves more than th
 
 # The child: train.main with each step measured from its start to the next step's start (the optimiser's step and
 # the log included); the trims arm trims there, before the next step begins
-CHILD = """import ctypes, json, resource, sys, time
+CHILD = """import ctypes, json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-import train
+import sampler, train
+if os.environ.get("REPLAY_FROM"):  # --replay: this process's first step is that step's batch (the sampler's draw)
+    _batch, _skip = sampler.SpanBatches.__getitem__, int(os.environ["REPLAY_FROM"]) - 1
+    sampler.SpanBatches.__getitem__ = lambda self, i: _batch(self, int(i) + _skip)
 trim = ctypes.CDLL(None).malloc_trim if sys.argv[3] == "trims" else None
 log, step, last, heap = open(sys.argv[2], "w"), train.train_step, [None, None], {"holds": 0, "fresh": True, "n": 0}
 
@@ -80,14 +84,14 @@ train.main(sys.argv[5:])
 """
 
 
-def run_arm(a, arm: str, folder: Path, log: Path) -> list[dict]:
+def run_arm(a, arm: str, folder: Path, log: Path, replay: int = 0) -> list[dict]:
     shared = Path(a.shared)
     args = ["--model", str(shared / "models" / "all-MiniLM-L6-v2"), "--data", str(shared / "data/corpus/gutenberg"),
             "--holdout-docs", "0.01", "--no-mlm", "--positive-view", "adjacent", "--max-span", "128",
-            "--threads", str(a.threads),
+            "--threads", str(a.threads), "--workers", "0" if replay else "2",
             "--steps", str(a.steps + 1), "--ckpt-every", "1000000", "--out", str(folder / arm), "--overwrite",
             "--cache-dir", str(folder / "cache"), "--log-every", "100"]
-    env = dict(os.environ)
+    env = dict(os.environ, REPLAY_FROM=str(replay or ""))
     if arm not in ("glibc", "trims"):  # the preloaded allocator's
         env["LD_PRELOAD"], env["MALLOC_CONF"] = a.preload, a.malloc_conf
     subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(log), arm, str(TRIM_ABOVE), *args], check=True, env=env,
@@ -98,6 +102,16 @@ def run_arm(a, arm: str, folder: Path, log: Path) -> list[dict]:
 def along(rows: list[dict], key: str) -> str:
     marks = sorted({1, 10, *range(50, len(rows) + 1, 50 if len(rows) <= 300 else 250), len(rows)})
     return ", ".join(f"{k}: {rows[k - 1][key] / 1e9:.2f}" for k in marks if k <= len(rows))
+
+
+def replay(a, arms: list[str]):
+    """--replay: the step's own highest, its batch the first a fresh process trains on."""
+    with tempfile.TemporaryDirectory() as d:
+        for arm in arms:
+            for step in a.replay:
+                a.steps = 1
+                rows = run_arm(a, arm, Path(d), Path(d) / f"{arm}-{step}.jsonl", replay=step)
+                print(f"{arm}: step {step} on its own: {rows[0]['peak'] / 1e9:.2f} GB at its highest", flush=True)
 
 
 @bench
@@ -112,6 +126,8 @@ def main():
                     "more, named by it, LD_PRELOAD'ed into glibc's")
     ap.add_argument("--malloc-conf", default=JEMALLOC_CONF, help="jemalloc's arm's MALLOC_CONF (tcmalloc ignores "
                     "it)")
+    ap.add_argument("--replay", nargs="*", type=int, default=[], help="instead: each of these steps' batch as the "
+                    "first step of a fresh process (what that step needs on its own), in each arm")
     ap.add_argument("--json", default="", help="also write every arm's steps here")
     ap.add_argument("--logs", default="", help="a folder to keep each arm's steps in as they run (a long run's, "
                     "read while it runs); a temporary one otherwise")
@@ -123,6 +139,8 @@ def main():
     preloaded = next((n for n in ("tcmalloc", "jemalloc") if n in Path(a.preload).name), "preload")
     arms = a.arms + ([preloaded] if a.preload else [])
     runs = {arm: [] for arm in arms}
+    if a.replay:
+        return replay(a, arms)
     with tempfile.TemporaryDirectory() as d:
         logs = Path(a.logs or d)
         logs.mkdir(parents=True, exist_ok=True)
