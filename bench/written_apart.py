@@ -147,11 +147,13 @@ def spans_end(out: Path, run: str) -> list[dict]:
 
 
 def training_minutes(out: Path, run: str) -> tuple[float, int, int]:
-    """A DeCLUTR run's minutes in its steps (each step's tokens over its tokens a second, the mean over the last 20
-    steps: its evaluations left out, as a peer's budget leaves its own), its steps and the tokens it read."""
+    """A DeCLUTR run's minutes in its steps, its steps and the tokens it read: the tokens over the median of the
+    steps' tokens a second (each a mean over the last 20 steps, which an evaluation between them slows: the
+    median leaves those out, as a peer's budget leaves out its own evaluation)."""
     records = [json.loads(x) for x in (out / "runs" / run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
-    return sum(r["tokens"] / r["tokens_per_s"] for r in steps) / 60, len(steps), sum(r["tokens"] for r in steps)
+    tokens = sum(r["tokens"] for r in steps)
+    return tokens / float(np.median([r["tokens_per_s"] for r in steps])) / 60, len(steps), tokens
 
 
 def peer_runs(out: Path) -> dict[str, list[str]]:
