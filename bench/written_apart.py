@@ -211,6 +211,7 @@ def report(a, out: Path, n_pairs: tuple, left: dict, start: dict, words: dict) -
         lines[0] += (f" The start scored as the peers are (evaluate_sts.py): spans {again['spans_mrr']:.2f}, STS-B "
                      f"dev {again['stsb_dev_spearman']:.2f}; as DeCLUTR's runs are (train.py's step 0): "
                      f"{first['spans_mrr']:.2f}, {first['stsb_dev_spearman']:.2f}.")
+    by_seed = {}
     for label, names, ends, took, where in groups:
         found = [json.loads((out / f"{where}{r}{'.json' if where == 'scores-' else '/scores.json'}").read_text())
                  for r in names]
@@ -223,7 +224,25 @@ def report(a, out: Path, n_pairs: tuple, left: dict, start: dict, words: dict) -
                           delta(spans, [first["spans_mrr"]] * len(spans)),
                           delta(stsb, [first["stsb_dev_spearman"]] * len(stsb))),
                          f"{minutes:.1f}, {steps:.0f}, {tokens / 1e6:.2f}M"))
-    return "\n".join(lines) + "\n"
+        by_seed[label] = {int(r.rsplit("-seed", 1)[1]): v for r, *v in zip(names, mrr, spans, stsb, strict=True)}
+    return "\n".join(lines + against_best_peer(by_seed, [g[0] for g in groups[:len(runs)]])) + "\n"
+
+
+def against_best_peer(by_seed: dict, arms: list[str]) -> list[str]:
+    """Each DeCLUTR arm's paired difference (seed s against seed s) to the peer with the highest mean entry ->
+    docstring MRR, on the three figures."""
+    peers = {k: v for k, v in by_seed.items() if k not in arms}
+    if not peers:
+        return []
+    best = max(peers, key=lambda k: np.mean([v[0] for v in peers[k].values()]))
+    lines = [""]
+    for arm in arms:
+        seeds = sorted(set(by_seed[arm]) & set(peers[best]))
+        ours, theirs = ([by_seed[k][s] for s in seeds] for k in (arm, best))
+        lines.append(f"{arm} against the best peer, {best}, paired over seeds {', '.join(map(str, seeds))}: "
+                     + "; ".join(f"{what} {delta([o[i] for o in ours], [t[i] for t in theirs])}" for i, what in
+                                 enumerate(("entry → docstring MRR", "held-out spans MRR", "STS-B dev"))))
+    return lines
 
 
 @bench

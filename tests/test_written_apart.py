@@ -142,3 +142,6 @@ def test_the_table_has_each_arm_and_peer_over_its_seeds_and_the_minutes_it_train
     assert declutr[7] == "**+3.00 ± 1.41**" and declutr[8] == "**+6.00 ± 1.41**" and declutr[-1] == "2.0, 3, 0.01M |"
     assert simcse[1] == "69.00" and simcse[5] == "26.00 ± 1.41" and simcse[-1] == "2.5, 10, 1.00M |"
     assert rows["| the start"][5:7] == ["25.00", "82.00"] and rows["| BM25 (words)"][5] == "20.00"
+    against = [line for line in wa.report(a, tmp_path, (5, 9), {}, start, words).splitlines() if "best peer" in line]
+    assert against == ["DeCLUTR, adjacent against the best peer, simcse, paired over seeds 0, 1: entry → docstring "
+                       "MRR **+4.00 ± 0.00**; held-out spans MRR **+5.00 ± 0.00**; STS-B dev **+1.00 ± 0.00**"]
