@@ -192,6 +192,11 @@ def main():
     ap.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.model = a.model or str(Path(a.shared) / "models/all-MiniLM-L6-v2")
+    try:
+        import sentence_transformers  # noqa: F401 (the peers' losses)
+    except ImportError:
+        raise UserError("bench/peers.py trains through sentence-transformers: pip install -r "
+                        "requirements-dev.txt") from None
     if not (Path(a.out) / "train-docs").is_dir():
         raise UserError(f"{a.out}: no train-docs (run bench/written_apart.py --pairs-only first)")
     if a.one:

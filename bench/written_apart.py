@@ -219,7 +219,7 @@ def report(a, out: Path, n_pairs: tuple, left: dict, start: dict, words: dict) -
         spans, stsb = [e["spans_mrr"] for e in ends], [e["stsb_dev_spearman"] for e in ends]
         mean = {d: {k: float(np.mean([f[d][k] for f in found])) for k in found[0][d]} for d in ("forward", "back")}
         minutes, steps, tokens = (np.mean(x) for x in zip(*took, strict=True))
-        lines.append(row(f"{label} ({len(names)} seeds)", mean, cell(spans), cell(stsb),
+        lines.append(row(f"{label} ({len(names)} seed{'s' if len(names) > 1 else ''})", mean, cell(spans), cell(stsb),
                          (delta(mrr, [start["forward"]["mrr"]] * len(mrr)),
                           delta(spans, [first["spans_mrr"]] * len(spans)),
                           delta(stsb, [first["stsb_dev_spearman"]] * len(stsb))),
