@@ -27,6 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import _jobs as jobs  # noqa: E402 (bench/_jobs.py)
 from _report import cell, delta  # noqa: E402 (bench/_report.py)
 
 import evaluate_sts as E  # noqa: E402
@@ -51,36 +52,32 @@ def split_books(books: list[Path], every: int) -> tuple[list[Path], list[Path]]:
     return [b for b in books if b not in held], held
 
 
-def train(a, out: Path, run: str, flags: list[str]):
-    """Start train.py for one run into out/run, its output in out/run.log."""
+def train(a, out: Path, run: str, flags: list[str]) -> tuple[Path, subprocess.Popen]:
+    """Start train.py for one run into out/run: its output in out/run.log, which it returns with the process."""
     cmd = [sys.executable, str(ROOT / "train.py"), "--out", str(out / run), "--overwrite", "--model", a.model,
            "--data", *a.data, "--eval-docs", *a.eval_docs, "--eval-data", a.stsb, "--steps", str(a.steps),
            "--eval-every", str(a.eval_every), "--docs-per-step", str(a.docs_per_step), "--min-span", str(a.min_span),
            "--max-span", str(a.max_span), "--lr", str(a.lr), "--span-pairs", str(a.span_pairs),
            "--ckpt-every", "1000000", "--log-every", "25", "--cache-dir", str(out / "cache"),
            *(["--threads", "1"] if a.jobs > 1 else []), *flags]
-    return run, time.time(), subprocess.Popen(cmd, stdout=open(out / f"{run}.log", "w"), stderr=subprocess.STDOUT)
+    log = out / f"{run}.log"
+    return log, subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def run_all(a, out: Path):
-    """Every (arm, seed) not yet finished, --jobs at a time; a failed run stops the script with its last line."""
-    todo = [(arm, s) for s in a.seeds for arm in a.arms if not (out / f"{arm}-seed{s}" / "model").exists()]
-    running = []
-    while todo or running:
-        while todo and len(running) < a.jobs:
-            arm, s = todo.pop(0)
-            running.append(train(a, out, f"{arm}-seed{s}", ["--seed", str(s), *ARMS[arm][0], *a.flags]))
-        time.sleep(2)
-        for run, t0, proc in [j for j in running if j[2].poll() is not None]:
-            running.remove((run, t0, proc))
-            if proc.returncode:
-                lines = (out / f"{run}.log").read_text(errors="replace").strip().splitlines() or ["no output"]
-                sys.exit(f"{run} failed: {lines[-1]} (the whole log: {out / f'{run}.log'})")
-            seconds = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
-            (out / "seconds.json").write_text(json.dumps(seconds | {run: round(time.time() - t0)}, indent=1))
-            end = evaluations(out, run)[-1]
-            print(f"{run}: span MRR {end['spans_mrr']:.2f}, STS-B dev {end['stsb_dev_spearman']:.2f} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+    """Every (arm, seed) not yet finished, --jobs at a time (bench/_jobs.py); a failed run stops the script with its
+    last line."""
+    flags = {f"{arm}-seed{s}": ["--seed", str(s), *ARMS[arm][0], *a.flags] for s in a.seeds for arm in a.arms}
+
+    def finished(run: str, seconds: float):
+        took = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
+        (out / "seconds.json").write_text(json.dumps(took | {run: round(seconds)}, indent=1))
+        end = evaluations(out, run)[-1]
+        print(f"{run}: span MRR {end['spans_mrr']:.2f}, STS-B dev {end['stsb_dev_spearman']:.2f} "
+              f"({seconds:.0f}s)", flush=True)
+
+    todo = [run for run in flags if not (out / run / "model").exists()]
+    jobs.run_all(todo, lambda run: train(a, out, run, flags[run]), finished, a.jobs)
 
 
 def evaluations(out: Path, run: str) -> list[dict]:

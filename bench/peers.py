@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import _jobs as jobs  # noqa: E402 (bench/_jobs.py)
+
 from support import corpus  # noqa: E402
 from support.cli import UserError, bench, shared_assets  # noqa: E402
 
@@ -153,26 +155,23 @@ def train_one(name: str, seed: int, a, folder: Path):
 
 
 def run_all(a, out: Path):
-    """Every (peer, seed) without a model yet, a.jobs at a time, each a process of its own."""
-    todo = [(p, s) for s in a.seeds for p in a.peers if not (out / f"{p}{a.tag}-seed{s}" / "model").exists()]
-    running = []
-    while todo or running:
-        while todo and len(running) < a.jobs:
-            p, s = todo.pop(0)
-            run = out / f"{p}{a.tag}-seed{s}"
-            run.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, __file__, "--one", p, str(s), "--out", a.out, "--model", a.model,
-                   "--minutes", str(a.minutes), "--threads", str(a.threads), "--lr", str(a.lr), f"--tag={a.tag}"]
-            running.append((run, subprocess.Popen(cmd, stdout=open(run / "log.txt", "w"), stderr=subprocess.STDOUT)))
-        time.sleep(2)
-        for run, proc in [j for j in running if j[1].poll() is not None]:
-            running.remove((run, proc))
-            if proc.returncode:
-                lines = (run / "log.txt").read_text(errors="replace").strip().splitlines() or ["no output"]
-                raise UserError(f"{run.name} failed: {lines[-1]} (the whole log: {run / 'log.txt'})")
-            done = json.loads((run / "run.json").read_text())
-            print(f"{run.name}: {done['steps']} steps, {done['sentences_seen']:,} sentences, "
-                  f"{done['tokens']:,} tokens in {done['minutes']:.1f} min", flush=True)
+    """Every (peer, seed) without a model yet, a.jobs at a time, each a process of its own (bench/_jobs.py)."""
+    runs = {f"{p}{a.tag}-seed{s}": (p, s) for s in a.seeds for p in a.peers}
+
+    def start(name: str):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        peer, seed = runs[name]
+        cmd = [sys.executable, __file__, "--one", peer, str(seed), "--out", a.out, "--model", a.model,
+               "--minutes", str(a.minutes), "--threads", str(a.threads), "--lr", str(a.lr), f"--tag={a.tag}"]
+        log = out / name / "log.txt"
+        return log, subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+    def finished(name: str, seconds: float):
+        done = json.loads((out / name / "run.json").read_text())
+        print(f"{name}: {done['steps']} steps, {done['sentences_seen']:,} sentences, "
+              f"{done['tokens']:,} tokens in {done['minutes']:.1f} min", flush=True)
+
+    jobs.run_all([name for name in runs if not (out / name / "model").exists()], start, finished, a.jobs)
 
 
 @bench

@@ -109,3 +109,28 @@ def test_a_small_domain_run_reports_and_resumes(tmp_path, tiny):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "contrastive-seed0:" not in again.stdout  # nothing trained again
     assert (tmp_path / "o" / "contrastive-seed0" / "metrics.jsonl").stat().st_mtime_ns == first
+
+
+def test_runs_go_at_most_jobs_at_a_time_and_a_failed_one_ends_with_its_last_line(tmp_path):
+    """bench/_jobs.py, what domain.py and peers.py run their runs with: each run starts once, in order, never more
+    than `jobs` at a time (each writes its start and end times: the overlaps counted by hand), each finished one
+    reported once; a run that fails raises its log's last line."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import _jobs
+
+    from support.cli import UserError
+
+    def start(name, code=0):
+        log = tmp_path / f"{name}.log"
+        script = (f"import time; print(time.time(), flush=True); time.sleep(0.3); print(time.time()); "
+                  f"print('the last line of {name}'); raise SystemExit({code})")
+        return log, subprocess.Popen([sys.executable, "-c", script], stdout=open(log, "w"))
+
+    done = []
+    _jobs.run_all(["a", "b", "c", "d", "e"], start, lambda name, s: done.append((name, s)), jobs=2)
+    assert sorted(n for n, _ in done) == ["a", "b", "c", "d", "e"] and all(s > 0.3 for _, s in done)
+    spans = [tuple(map(float, (tmp_path / f"{n}.log").read_text().split()[:2])) for n in "abcde"]
+    most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+    assert most == 2, spans
+    with pytest.raises(UserError, match=r"^b failed: the last line of b \(the whole log: .*b\.log\)$"):
+        _jobs.run_all(["a", "b"], lambda n: start(n, code=int(n == "b")), lambda *_: None, jobs=1)
