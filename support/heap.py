@@ -1,14 +1,14 @@
 """
 support/heap.py: a CPU training run's memory held near what a step needs, where tcmalloc is the process's malloc.
 
-A step's spans differ in length from step to step (sampler.py), so its activations come in new sizes each time. tcmalloc
-(LD_PRELOAD=libtcmalloc_minimal.so.4, as the README's CPU commands start train.py) keeps a freed block for the next
-request of its size, which holds a run flat where glibc's heap grows without end, but its free spans still fragment:
-now and then a request none of them fits takes pages anew, and over 1,000 steps a run came to hold 1.27x what its
-step needed on its own (docs/measurements.md#memory). Handing tcmalloc's free pages back to the kernel after every step
-costs 46% a step (each step takes its pages afresh); after a step that leaves the process holding more than MARGIN
-times what it held after the first step since the last hand-back, it costs one step's first touches now and then.
-Nothing is done on glibc's or jemalloc's malloc, or on a GPU.
+A step's spans differ in length from step to step (sampler.py), so its activations come in new sizes each time.
+tcmalloc (LD_PRELOAD=libtcmalloc_minimal.so.4, as the README's CPU commands start train.py) keeps a freed block for the
+next request of its size, which holds a run near flat where glibc's heap grows step by step, but its free spans still
+fragment: now and then a request none of them fits takes pages anew, and over 1,000 steps a run came to hold 1.27x what
+its step needed on its own (1.21x with the hand-backs below: docs/measurements.md#memory). Handing tcmalloc's free
+pages back to the kernel after every step costs 46% a step (each step takes its pages afresh); after a step that leaves
+the process holding more than MARGIN times what it held after the first step since the last hand-back, it costs one
+step's first touches now and then. Nothing is done on glibc's or jemalloc's malloc, or on a GPU.
 """
 import ctypes
 from pathlib import Path
