@@ -8,17 +8,17 @@ kernel, the memory after steps and the highest a step reached (VmHWM, reset befo
 
 The arms: glibc (train.py as it is); trims (glibc's malloc_trim(0) after a step whose anonymous memory grew past
 TRIM_ABOVE times what a step holds, measured after the first step and after each trimmed one); preload (another
-allocator LD_PRELOAD'ed, where --preload names it: tcmalloc, or jemalloc with --malloc-conf), named by its library;
-on tcmalloc train.py hands its free pages back after a step that leaves more than support/heap.py's MARGIN times
-what a fresh step left, and --margins makes an arm of each margin given (inf: no hand-back), named tcmalloc@MARGIN.
-docs/measurements.md says what each cost.
+allocator LD_PRELOAD'ed, where --preload names it: tcmalloc, or jemalloc with --malloc-conf), named by its library.
+On tcmalloc, also what it holds from the kernel after each step (its page heap, free or in use) and what is in use:
+the rise along a run is its free spans. Its environment passes through (TCMALLOC_RELEASE_RATE, the pace at which
+tcmalloc gives free spans back). docs/measurements.md says what each cost.
 
     python bench/train_memory.py                                  # 2 arms x 2 rounds x 60 steps: about 30 min
     python bench/train_memory.py --arms trims --steps 1000 --rounds 1     # the long run: about 2 hours
     python bench/train_memory.py --arms glibc --preload libtcmalloc_minimal.so.4 --rounds 3   # glibc and tcmalloc
     python bench/train_memory.py --preload /usr/lib/x86_64-linux-gnu/libjemalloc.so.2   # and jemalloc's arm
     python bench/train_memory.py --arms --preload libtcmalloc_minimal.so.4 --replay 1 977 1000   # steps on their own
-    python bench/train_memory.py --arms --preload libtcmalloc_minimal.so.4 --margins inf 1.1 --rounds 3 --steps 40
+    TCMALLOC_RELEASE_RATE=100 python bench/train_memory.py --arms --preload libtcmalloc_minimal.so.4 --rounds 1
 
 Linux only (/proc/self/status, clear_refs).
 """
@@ -49,14 +49,21 @@ if os.environ.get("REPLAY_FROM"):  # --replay: this process's first step is that
     _batch, _skip = sampler.SpanBatches.__getitem__, int(os.environ["REPLAY_FROM"]) - 1
     sampler.SpanBatches.__getitem__ = lambda self, i: _batch(self, int(i) + _skip)
 trim = ctypes.CDLL(None).malloc_trim if sys.argv[3] == "trims" else None
-from support import heap as H  # train.py's own hand-backs on tcmalloc (support/heap.py), counted; --margins'
-held, _held = [], H.HeldNearStep.for_device
-def held_near_step(device):
-    held.append(_held(device))
-    held[-1].margin = float(os.environ.get("HOLD_MARGIN") or held[-1].margin)
-    return held[-1]
-H.HeldNearStep.for_device = held_near_step
 log, step, last, heap = open(sys.argv[2], "w"), train.train_step, [None, None], {"holds": 0, "fresh": True, "n": 0}
+try:  # tcmalloc's own accounting, where it is this process's malloc
+    tcmalloc = ctypes.CDLL(None).MallocExtension_GetNumericProperty
+except AttributeError:
+    tcmalloc = None
+
+def tcmalloc_heap():  # the bytes tcmalloc holds from the kernel (in use, or free and not given back), and in use
+    if tcmalloc is None:
+        return 0, 0
+    got = {}
+    for name in ("generic.heap_size", "tcmalloc.pageheap_unmapped_bytes", "generic.current_allocated_bytes"):
+        value = ctypes.c_size_t(0)
+        tcmalloc(name.encode(), ctypes.byref(value))
+        got[name] = value.value
+    return got["generic.heap_size"] - got["tcmalloc.pageheap_unmapped_bytes"], got["generic.current_allocated_bytes"]
 
 def after_step(anonymous):  # the trims arm's policy: what a step holds measured after a fresh start
     if heap["fresh"]:
@@ -79,9 +86,10 @@ def measured(*args, **kwargs):
     if last[0] is not None:
         s = status()
         faults, user, system = (a - b for a, b in zip(used, last[1]))
+        held, in_use = tcmalloc_heap()
         log.write(json.dumps({"s": now - last[0], "rss": s["VmRSS"], "peak": s["VmHWM"], "faults": faults,
-                              "user": user, "system": system, "trims": heap["n"],
-                              "released": held[0].releases if held else 0}) + "\\n")
+                              "user": user, "system": system, "trims": heap["n"], "tcmalloc_held": held,
+                              "tcmalloc_in_use": in_use}) + "\\n")
         log.flush()
         if trim is not None:
             after_step(s["RssAnon"])
@@ -102,7 +110,7 @@ def run_arm(a, arm: str, folder: Path, log: Path, replay: int = 0) -> list[dict]
             "--threads", str(a.threads), "--workers", "0" if replay else "2",
             "--steps", str(a.steps + 1), "--ckpt-every", "1000000", "--out", str(folder / arm), "--overwrite",
             "--cache-dir", str(folder / "cache"), "--log-every", "100"]
-    env = dict(os.environ, REPLAY_FROM=str(replay or ""), HOLD_MARGIN=arm.partition("@")[2])
+    env = dict(os.environ, REPLAY_FROM=str(replay or ""))
     if arm not in ("glibc", "trims"):  # the preloaded allocator's
         env["LD_PRELOAD"], env["MALLOC_CONF"] = a.preload, a.malloc_conf
     subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(log), arm, str(TRIM_ABOVE), *args], check=True, env=env,
@@ -137,9 +145,6 @@ def main():
                     "more, named by it, LD_PRELOAD'ed into glibc's")
     ap.add_argument("--malloc-conf", default=JEMALLOC_CONF, help="jemalloc's arm's MALLOC_CONF (tcmalloc ignores "
                     "it)")
-    ap.add_argument("--margins", nargs="*", type=float, default=[], help="instead of train.py's own (support/heap.py's "
-                    "MARGIN), the preloaded allocator's arm once for each: a hand-back of tcmalloc's free pages after "
-                    "a step that leaves more than this times what a fresh step left (inf: none)")
     ap.add_argument("--replay", nargs="*", type=int, default=[], help="instead: each of these steps' batch as the "
                     "first step of a fresh process (what that step needs on its own), in each arm")
     ap.add_argument("--json", default="", help="also write every arm's steps here")
@@ -151,7 +156,7 @@ def main():
     if not (Path(a.shared) / "models" / "all-MiniLM-L6-v2").is_dir():
         raise UserError(f"{a.shared}: no models/all-MiniLM-L6-v2 (--shared, or DECLUTR_SHARED)")
     preloaded = next((n for n in ("tcmalloc", "jemalloc") if n in Path(a.preload).name), "preload")
-    arms = a.arms + ([f"{preloaded}@{m:g}" for m in a.margins] or [preloaded] if a.preload else [])
+    arms = a.arms + ([preloaded] if a.preload else [])
     runs = {arm: [] for arm in arms}
     if a.replay:
         return replay(a, arms)
@@ -173,10 +178,12 @@ def main():
         kernel = sum(x["system"] for x in steps) / sum(x["user"] + x["system"] for x in steps)
         print(f"{arm}: {median[arm]:.2f} s a step (rounds {', '.join(f'{s:.2f}' for s in spread)}), "
               f"x {median[arm] / median[base]:.3f} of {base}'s; {faults:,.0f} pages taken afresh a step (median), "
-              f"{100 * kernel:.1f}% of its CPU time in the kernel; {rr[0][-1]['trims']} trims, "
-              f"{rr[0][-1].get('released', 0)} hand-backs of tcmalloc's free pages in round 1")
+              f"{100 * kernel:.1f}% of its CPU time in the kernel; {rr[0][-1]['trims']} trims in round 1")
         print(f"  GB after the step: {along(rr[0], 'rss')}")
         print(f"  GB at the step's highest: {along(rr[0], 'peak')}")
+        if rr[0][-1].get("tcmalloc_held"):  # what the rise is: tcmalloc's page heap, in use or free between steps
+            print(f"  GB tcmalloc holds after the step: {along(rr[0], 'tcmalloc_held')}; in use: "
+                  f"{along(rr[0], 'tcmalloc_in_use')}")
     if a.json:
         Path(a.json).write_text(json.dumps(runs))
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from support import card, demo, heap, metrics, retrieval, runs, stopping
+from support import card, demo, metrics, retrieval, runs, stopping
 from support.cli import say
 from support.device import autocast_dtype, say_compiled
 from support.processes import Process, gather_rows, same_weights
@@ -48,7 +48,6 @@ class Run:
     before: metrics.Figures | None = None  # the step before, whose numbers are read once the next is on its way
     documents: list = field(default_factory=list)  # the files behind --data (support.corpus.describe_files)
     held_out_below: float | None = None  # --holdout-docs' point (support.corpus.held_out), kept for a resume
-    memory: heap.HeldNearStep = field(default_factory=heap.HeldNearStep)  # a CPU run's memory on tcmalloc
 
     def begin(self, resume_from, evaluate, lr_at, most_steps: int):
         """The run made ready to step: where its model came from pinned, its length checked, its folder prepared and
@@ -66,7 +65,6 @@ class Run:
             self.step, self.best, self.latest_checkpoint = runs.restore(resume_from, self.opt, self.scaler)
             runs.say_replanned(resume_from, self.total, self.batches.steps_per_epoch, lr_at)
         self.evaluate = evaluate or None
-        self.memory = heap.HeldNearStep.for_device(proc.device)
         runs.say_plan(cfg, proc, self.total, self.batches.steps_per_epoch, len(self.batches.docs))
 
     def steps(self):
@@ -109,7 +107,6 @@ class Run:
                 self.before = None
                 if stop or saved:
                     self.save_checkpoint()
-        self.memory.after_step()  # on tcmalloc, its free pages back to the kernel once it holds too many
         if stop and self.step < self.total:
             raise stopping.Terminated
 

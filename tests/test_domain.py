@@ -134,3 +134,18 @@ def test_runs_go_at_most_jobs_at_a_time_and_a_failed_one_ends_with_its_last_line
     assert most == 2, spans
     with pytest.raises(UserError, match=r"^b failed: the last line of b \(the whole log: .*b\.log\)$"):
         _jobs.run_all(["a", "b"], lambda n: start(n, code=int(n == "b")), lambda *_: None, jobs=1)
+
+
+def test_every_arm_is_train_pys_flags_and_the_short_one_trains_on_the_same_documents():
+    """Each arm's flags parse as train.py's; adjacent-short (issue 83: CT's and SimCSE's short texts and more
+    negatives) halves the spans and doubles the anchors, so that a document qualifies exactly where it does for
+    adjacent (2·A·max-span tokens: 2·2·128 = 2·4·64 = 512) and a step's embeddings double (2·A·N: 64 -> 128)."""
+    import train
+
+    domain = bench_script("domain")
+    base = ["--max-span", "128"]  # bench/domain.py's own, before the arm's flags
+    cfgs = {arm: train.parse_config(train.TrainConfig, base + flags) for arm, (flags, _) in domain.ARMS.items()}
+    short, adjacent = cfgs["adjacent-short"], cfgs["adjacent"]
+    assert (short.max_span, short.num_anchors, adjacent.max_span, adjacent.num_anchors) == (64, 4, 128, 2)
+    assert 2 * short.num_anchors * short.max_span == 2 * adjacent.num_anchors * adjacent.max_span == 512
+    assert short.positive_view == adjacent.positive_view == "adjacent" and not short.mlm
