@@ -42,8 +42,8 @@ ARMS = {
     "adjacent": (["--no-mlm", "--positive-view", "adjacent"], "contrastive only, positives adjacent to their anchor"),
     "adjacent-A8": (["--no-mlm", "--positive-view", "adjacent", "--num-anchors", "8"],
                     "contrastive only, adjacent positives, 8 anchors a document"),
-    # What CT and SimCSE have (issue 83): texts of a sentence or two, and more negatives, at the same tokens a step
-    # (half as long, twice as many) and the same documents (2·A·max-span tokens at least: 512 either way)
+    # What CT and SimCSE have (issue 83): texts of a sentence or two, and more negatives: spans half as long, twice
+    # as many (a quarter more tokens a step), on the same documents (2·A·max-span tokens at least: 512 either way)
     "adjacent-short": (["--no-mlm", "--positive-view", "adjacent", "--max-span", "64", "--num-anchors", "4"],
                        "contrastive only, adjacent positives, spans 32-64 tokens, 4 anchors a document"),
 }
